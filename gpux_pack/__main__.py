@@ -1,0 +1,3 @@
+from gpux_pack.cli import main
+
+main()

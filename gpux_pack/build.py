@@ -1,0 +1,149 @@
+"""Context -> image, through the Docker SDK (classic builder), with visible progress.
+
+A failed build raises BuildError with the failing step and the end of its output. Tags move
+only when everything succeeded, so earlier images under the same tag stay intact.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from gpux_pack import context as contexts
+from gpux_pack.errors import BuildError, DockerError
+from gpux_pack.plan import APP_DIR, Plan
+from gpux_pack.ui import Reporter
+
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+TAIL = 25
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    tag: str
+    id: str
+    size_bytes: int
+    seconds: float
+    steps: int
+    cached_steps: int
+
+
+def build_image(
+    client: Any,
+    ctx: contexts.Context,
+    plan: Plan,
+    ui: Reporter,
+    no_cache: bool = False,
+    tag: bool = True,
+) -> BuiltImage:
+    started = time.perf_counter()
+    ui.start(f"building {plan.tag} ({plan.provider.name}, {ctx.size_bytes / 1e6:.0f} MB context)")
+    tail: deque[str] = deque(maxlen=TAIL)
+    step, total, cached, image_id = 0, 0, 0, None
+    instruction = ""
+    fileobj = contexts.tar(ctx)
+    try:
+        stream = client.api.build(
+            fileobj=fileobj,
+            custom_context=True,
+            encoding=None,
+            tag=plan.tag if tag else None,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            nocache=no_cache,
+            decode=True,
+            platform=plan.platform,
+        )
+        for event in stream:
+            if "error" in event or "errorDetail" in event:
+                message = (event.get("errorDetail") or {}).get("message") or event.get("error", "")
+                where = f"step {step}/{total} ({instruction})" if step else "the build"
+                raise BuildError(f"{where} failed: {message.strip()}", instruction, list(tail))
+            if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
+                image_id = event["aux"]["ID"]
+            text = event.get("stream") or event.get("status") or ""
+            for line in text.splitlines():
+                line = line.rstrip()
+                m = _STEP.match(line)
+                if m:
+                    step, total, instruction = int(m[1]), int(m[2]), m[3]
+                    tail.clear()
+                    ui.step(step, total, instruction)
+                elif line.strip() == "---> Using cache":
+                    cached += 1
+                elif line.strip() and not line.startswith((" ---> ", "Removing intermediate")):
+                    tail.append(line)
+                    ui.output(line)
+                m = re.match(r"^Successfully built ([0-9a-f]+)$", line)
+                if m and image_id is None:
+                    image_id = m[1]
+    except BuildError:
+        raise
+    except Exception as e:
+        if isinstance(e, DockerError):
+            raise
+        raise BuildError(f"the Docker engine failed during the build: {str(e).splitlines()[0][:300]}", instruction, list(tail)) from None
+    finally:
+        fileobj.close()
+        ui.stop()
+    if image_id is None:
+        raise BuildError("the build ended without an image", instruction, list(tail))
+    image = client.images.get(image_id)
+    return BuiltImage(
+        tag=plan.tag,
+        id=image.id,
+        size_bytes=image.attrs.get("Size", 0),
+        seconds=time.perf_counter() - started,
+        steps=total,
+        cached_steps=cached,
+    )
+
+
+def bake_warmup(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: bool) -> BuiltImage:
+    """Run `warmup` in a container of the built image (with the GPU when the host has one) and
+    commit the result as the tagged image, keeping entrypoint, command, env and labels."""
+    import docker
+
+    started = time.perf_counter()
+    cache = f"{APP_DIR}/cache"
+    ui.info(f"warmup: running the model in a container{' with GPUs' if gpus else ''} to bake caches into {cache}")
+    kwargs: dict[str, Any] = {}
+    if gpus:
+        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    container = client.containers.create(
+        built.id, command=["warmup"], environment={"GPUX_CACHE_DIR": cache}, user="0", network_disabled=True, **kwargs
+    )
+    try:
+        container.start()
+        result = container.wait()
+        logs = container.logs().decode("utf-8", "replace").splitlines()
+        if result.get("StatusCode") != 0:
+            raise BuildError(f"warmup failed in the container (exit {result.get('StatusCode')})", "warmup", logs[-TAIL:])
+        # the runtime user must read the caches; they stay writable for a mounted override only
+        repo, _, tagname = plan.tag.rpartition(":") if ":" in plan.tag.rsplit("/", 1)[-1] else (plan.tag, "", "latest")
+        changes = [
+            'CMD ["serve"]',
+            f"ENV GPUX_CACHE_DIR={cache}",
+            "LABEL io.gpux.warmup=baked",
+            f"USER {_user(client, built.id)}",
+        ]
+        image = container.commit(repository=repo, tag=tagname, changes=changes)
+    finally:
+        container.remove(force=True)
+    image.reload()
+    return BuiltImage(
+        tag=plan.tag,
+        id=image.id,
+        size_bytes=image.attrs.get("Size", 0),
+        seconds=built.seconds + time.perf_counter() - started,
+        steps=built.steps,
+        cached_steps=built.cached_steps,
+    )
+
+
+def _user(client: Any, image_id: str) -> str:
+    return client.images.get(image_id).attrs["Config"].get("User") or "10001:10001"

@@ -1,0 +1,259 @@
+"""`gpux-pack`: build, render, providers, inspect, schema. Errors are caught here, once.
+
+Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+try:  # typer >= 0.29 vendors click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer on real click
+    from click import exceptions as click_errors
+
+from gpux_pack import __version__, engine, providers
+from gpux_pack.errors import BuildError, PackError
+from gpux_pack.ui import Reporter
+
+app = typer.Typer(
+    name="gpux-pack",
+    help="Turn an ONNX model and its gpux.yml into a production container image.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+PathArg = typer.Argument(Path("."), help="Folder holding gpux.yml, or the gpux.yml itself.")
+ProviderOpt = typer.Option(
+    None, "--provider", "-p", help="auto, cpu, cuda, tensorrt, rocm, openvino; several: cpu,openvino."
+)
+BaseOpt = typer.Option(None, "--base-image", help="Replace the provider's default base image.")
+PlatformOpt = typer.Option(None, "--platform", help="The image's platform, e.g. linux/amd64.")
+WarmupOpt = typer.Option(None, "--warmup", help="auto | always | never.")
+RefreshOpt = typer.Option(False, "--refresh", help="Re-resolve the image's wheels instead of reusing the cached lock.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"gpux-pack {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    pass
+
+
+def _options(tag, base_image, platform, warmup, host_has_gpu=False):
+    from gpux_pack.plan import Options
+
+    if warmup is not None and warmup not in ("auto", "always", "never"):
+        raise typer.BadParameter(f"'{warmup}' is not auto, always or never", param_hint="--warmup")
+    if platform is not None:
+        from gpux_pack.wheels import ARCHES
+
+        if platform not in ARCHES:
+            raise typer.BadParameter(f"'{platform}' is not one of {', '.join(ARCHES)}", param_hint="--platform")
+    return Options(tag=tag, base_image=base_image, platform=platform, warmup=warmup, host_has_gpu=host_has_gpu)
+
+
+@app.command()
+def build(
+    path: Path = PathArg,
+    provider: Optional[str] = ProviderOpt,
+    tag: Optional[str] = typer.Option(None, "--tag", "-t", help="Image reference; {name} {version} {provider} expand."),
+    base_image: Optional[str] = BaseOpt,
+    platform: Optional[str] = PlatformOpt,
+    warmup: Optional[str] = WarmupOpt,
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use Docker's layer cache."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the result and errors."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
+    refresh: bool = RefreshOpt,
+) -> None:
+    """Build the model's image(s) through the Docker engine."""
+    from gpux_pack import build as building
+    from gpux_pack import pipeline
+
+    started = time.perf_counter()
+    ui = Reporter(quiet=quiet or json_out)
+    options = _options(tag, base_image, platform, warmup)
+    cli = providers.parse_provider_list(provider)
+    loaded = pipeline.load(path)
+    client = engine.connect()
+    decision = pipeline.choose_providers(loaded, cli, client, ui)
+    if tag and len(decision.providers) > 1 and "{provider}" not in tag:
+        raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
+    if (warmup or loaded.project.config.pack.warmup) != "never" and "tensorrt" in decision.providers:
+        options = replace(options, host_has_gpu=engine.host_info(client).nvidia)
+    host_gpu = options.host_has_gpu
+    results = []
+    for name in decision.providers:
+        prepared = pipeline.prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
+        plan = prepared.plan
+        baked = plan.warmup == "baked"
+        built = building.build_image(client, prepared.context, plan, ui, no_cache=no_cache, tag=not baked)
+        if baked:
+            built = building.bake_warmup(client, built, plan, ui, gpus=host_gpu and plan.provider.device == "nvidia")
+        results.append((plan, prepared, built))
+    _summary(results, json_out, time.perf_counter() - started)
+
+
+def _summary(results: list[Any], json_out: bool, seconds: float) -> None:
+    rows = []
+    for plan, prepared, built in results:
+        rows.append(
+            {
+                "tag": built.tag,
+                "id": built.id,
+                "size_bytes": built.size_bytes,
+                "provider": plan.provider.name,
+                "reason": plan.reason,
+                "base_image": plan.base.image,
+                "platform": plan.platform,
+                "python": plan.base.python,
+                "onnxruntime": prepared.wheelhouse.lock.version_of(plan.provider.ort_dist),
+                "warmup": plan.warmup,
+                "seconds": round(built.seconds, 2),
+                "steps": built.steps,
+                "cached_steps": built.cached_steps,
+            }
+        )
+    if json_out:
+        print(json.dumps({"images": rows, "seconds": round(seconds, 2)}, indent=2))
+        return
+    for r in rows:
+        print(
+            f"built {r['tag']}  {r['id'][7:19]}  {r['size_bytes'] / 1e6:.0f} MB  {r['provider']}"
+            f"  {r['seconds']:.1f}s ({r['cached_steps']}/{r['steps']} steps cached)"
+        )
+
+
+@app.command()
+def render(
+    path: Path = PathArg,
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write the Dockerfile and build context to."),
+    provider: Optional[str] = ProviderOpt,
+    tag: Optional[str] = typer.Option(None, "--tag", "-t", help="Image reference written into the Dockerfile's comment."),
+    base_image: Optional[str] = BaseOpt,
+    platform: Optional[str] = PlatformOpt,
+    warmup: Optional[str] = WarmupOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    refresh: bool = RefreshOpt,
+) -> None:
+    """Write the Dockerfile and the whole build context; `docker build DIR` gives the same image."""
+    from gpux_pack import context as contexts
+    from gpux_pack import pipeline
+
+    ui = Reporter(quiet=quiet)
+    options = _options(tag, base_image, platform, warmup)
+    if options.warmup == "always":
+        raise typer.BadParameter("a baked warmup needs `gpux-pack build`", param_hint="--warmup")
+    cli = providers.parse_provider_list(provider)
+    loaded = pipeline.load(path)
+    client = engine.try_connect()
+    decision = pipeline.choose_providers(loaded, cli, client, ui)
+    if len(decision.providers) > 1:
+        raise typer.BadParameter("render writes one context: give one provider", param_hint="--provider")
+    prepared = pipeline.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False, refresh=refresh)
+    contexts.write(prepared.context, output)
+    print(f"wrote {output}/Dockerfile and its context ({prepared.context.size_bytes / 1e6:.0f} MB); "
+          f"build it with: docker build -t {prepared.plan.tag} {output}")
+
+
+@app.command("providers")
+def providers_cmd(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """The execution providers, their packages and base images, and what this Docker host can run."""
+    client = engine.try_connect()
+    host = engine.host_info(client) if client is not None else None
+    rows = []
+    for p in providers.PROVIDERS.values():
+        if host is None:
+            ok, why = (None, "Docker engine not reachable")
+        else:
+            ok, why = host.can_run(p)
+        rows.append({
+            "name": p.name, "title": p.title, "package": p.package, "base_image": p.base_image,
+            "python": p.python, "execution_providers": list(p.execution_providers),
+            "platforms": list(p.platforms), "host_can_run": ok, "why": why,
+        })  # fmt: skip
+    if json_out:
+        print(json.dumps({"host": host.details if host else None, "providers": rows}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Docker host: {host.details if host else 'not reachable'}")
+    for col in ("provider", "ONNX Runtime package", "default base image", "runs here", "why"):
+        table.add_column(col)
+    for r in rows:
+        runs = "?" if r["host_can_run"] is None else ("yes" if r["host_can_run"] else "no")
+        table.add_row(r["name"], r["package"], r["base_image"], runs, r["why"])
+    Console().print(table)
+
+
+@app.command()
+def inspect(
+    image: str = typer.Argument(..., help="Image reference or id."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The gpux labels of a built image."""
+    info = engine.image_labels(engine.connect(), image)
+    if json_out:
+        print(json.dumps(info, indent=2))
+        return
+    print(f"{info['image']}  {info['id']}  {(info['size_bytes'] or 0) / 1e6:.0f} MB")
+    for key, value in info["labels"].items():
+        print(f"  {key}: {value}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of gpux.yml (for editors and linters)."""
+    from gpux_pack.config import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; every failure ends as one line on stderr and an exit code."""
+    err = sys.stderr
+    try:
+        app(args=argv, standalone_mode=False, prog_name="gpux-pack")
+    except BuildError as e:
+        print(f"error: {e}", file=err)
+        if e.log_tail:
+            print("last lines of its output:", file=err)
+            for line in e.log_tail:
+                print(f"  | {line}", file=err)
+        sys.exit(e.exit_code)
+    except PackError as e:
+        print(f"error: {e}", file=err)
+        sys.exit(e.exit_code)
+    except click_errors.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+            print(e.ctx.get_help(), file=err)
+            sys.exit(2)
+        hint = f" (see: {e.ctx.command_path} --help)" if e.ctx else ""
+        print(f"error: {e.format_message()}{hint}", file=err)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("interrupted", file=err)
+        sys.exit(130)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

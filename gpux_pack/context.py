@@ -1,0 +1,119 @@
+"""The build context: Dockerfile, wheelhouse, runtime, model and gpux.json.
+
+Deterministic (sorted entries, fixed mtimes, root owner, normalised modes) so an unchanged
+project hits the layer cache, and `render --output DIR` writes exactly what `build` sends.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from gpux_pack.errors import UsageError
+from gpux_pack.plan import Plan
+from gpux_pack.render import pip_wheel_name
+from gpux_pack.wheels import Wheelhouse
+
+MTIME = 315532800  # 1980-01-01: fixed, and valid in every archive format
+RUNTIME_SRC = Path(__file__).resolve().parent / "runtime"
+MARKER = ".gpux-context"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # path inside the context, with /
+    source: Path | None = None
+    data: bytes | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.data) if self.data is not None else self.source.stat().st_size  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Context:
+    entries: tuple[Entry, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def dirs(self) -> list[str]:
+        out = set()
+        for e in self.entries:
+            parts = e.name.split("/")[:-1]
+            out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+        return sorted(out)
+
+
+def assemble(plan: Plan, wheelhouse: Wheelhouse, dockerfile: str, runtime_json: dict) -> Context:
+    entries = [
+        Entry("Dockerfile", data=dockerfile.encode()),
+        Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
+        Entry("gpux.json", data=(json.dumps(runtime_json, indent=2, sort_keys=True) + "\n").encode()),
+        Entry("wheels/requirements.lock", data=wheelhouse.lock_text().encode()),
+    ]
+    entries += [Entry(f"wheels/{w.path.name}", source=w.path) for w in wheelhouse.wheels]
+    pip = next(w for w in wheelhouse.tools if w.pin.name == "pip")
+    entries.append(Entry(f"tools/{pip_wheel_name(wheelhouse.lock)}", source=pip.path))
+    for src in sorted(RUNTIME_SRC.glob("*.py")):
+        entries.append(Entry(f"runtime/gpux_runtime/{src.name}", source=src))
+    folder = plan.model.path.parent
+    entries += [Entry(f"model/{name}", source=folder / name) for name in plan.model.files]
+    return Context(tuple(sorted(entries, key=lambda e: e.name)))
+
+
+def tar(ctx: Context) -> IO[bytes]:
+    """The context as a tar in a temporary file (a CUDA wheelhouse is too big for memory)."""
+    out = tempfile.TemporaryFile()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name in ctx.dirs():
+            info = _info(name, tarfile.DIRTYPE, 0o755)
+            archive.addfile(info)
+        for entry in ctx.entries:
+            info = _info(entry.name, tarfile.REGTYPE, 0o644)
+            info.size = entry.size
+            if entry.data is not None:
+                archive.addfile(info, io.BytesIO(entry.data))
+            else:
+                with open(entry.source, "rb") as f:  # type: ignore[arg-type]
+                    archive.addfile(info, f)
+    out.seek(0)
+    return out
+
+
+def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = kind, mode, MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+def write(ctx: Context, out: Path) -> None:
+    """Write the context to a folder: empty, missing, or an earlier gpux-pack context."""
+    if out.exists() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise UsageError(f"--output {out}: folder is not empty and was not written by gpux-pack")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in ctx.dirs():
+        (out / name).mkdir(exist_ok=True)
+    for entry in ctx.entries:
+        target = out / entry.name
+        if entry.data is not None:
+            target.write_bytes(entry.data)
+        else:
+            shutil.copyfile(entry.source, target)  # type: ignore[arg-type]
+        os.chmod(target, 0o644)
+        os.utime(target, (MTIME, MTIME))
+    for name in [*reversed(ctx.dirs()), ""]:
+        os.chmod(out / name, 0o755)
+        os.utime(out / name, (MTIME, MTIME))

@@ -1,0 +1,242 @@
+"""Every decision of a build, made once: config + model + provider + base image -> Plan.
+
+Later stages (render, context, build) only read the plan; they decide nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from gpux_pack import __version__
+from gpux_pack.config import Project
+from gpux_pack.errors import UsageError
+from gpux_pack.model import ModelInfo, Signature
+from gpux_pack.providers import Provider
+from gpux_pack.wheels import ARCHES, Target
+
+APP_DIR = "/opt/gpux"
+VENV = f"{APP_DIR}/venv"
+USER = "10001:10001"  # numeric: works on any base, needs no useradd in the final stage
+DEFAULT_TAG = "{name}:{version}-{provider}"
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The base image and what it offers; `probed` when read from the image itself."""
+
+    image: str
+    python: str
+    glibc: tuple[int, int]
+    arch: str  # x86_64 | aarch64
+    probed: bool
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line adds to gpux.yml."""
+
+    tag: str | None = None
+    base_image: str | None = None
+    platform: str | None = None
+    warmup: str | None = None  # auto | always | never
+    host_has_gpu: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    project: Project
+    model: ModelInfo
+    signature: Signature
+    provider: Provider
+    reason: str
+    base: BaseImage
+    platform: str
+    tag: str
+    warmup: str  # none | at-start | baked
+    created: str
+
+    @property
+    def name(self) -> str:
+        return self.project.config.name
+
+    @property
+    def version(self) -> str:
+        return self.project.config.version
+
+    @property
+    def target(self) -> Target:
+        return Target(self.base.python, self.base.arch, self.base.glibc)
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return (*self.provider.requirements, *self.project.config.pack.requirements)
+
+    @property
+    def port(self) -> int:
+        return self.project.config.serving.port
+
+
+def base_image_for(project: Project, provider: Provider, options: Options) -> str:
+    images = project.config.pack.base_image
+    return options.base_image or images.get(provider.name) or images.get("*") or provider.base_image
+
+
+def assumed_base(project: Project, provider: Provider, image: str, platform: str | None) -> BaseImage:
+    """What to assume of a base image that could not be inspected."""
+    arch = ARCHES.get(platform or "linux/amd64", "x86_64")
+    python = project.config.pack.python or _python_from_tag(image) or provider.python
+    return BaseImage(image, python, provider.min_glibc, arch, probed=False)
+
+
+def _python_from_tag(image: str) -> str | None:
+    m = re.search(r"(?:^|/)python:(3\.\d+)", image)
+    return m.group(1) if m else None
+
+
+def make_plan(
+    project: Project,
+    model: ModelInfo,
+    signature: Signature,
+    provider: Provider,
+    reason: str,
+    base: BaseImage,
+    options: Options,
+) -> Plan:
+    cfg = project.config
+    if cfg.pack.python and base.probed and cfg.pack.python != base.python:
+        raise project.error(("pack", "python"), f"is {cfg.pack.python} but {base.image} has Python {base.python}")
+    if tuple(int(p) for p in base.python.split(".")) < (3, 11):
+        raise UsageError(f"{base.image} has Python {base.python}; the image's runtime needs Python 3.11 or newer")
+    if base.glibc < provider.min_glibc:
+        need = ".".join(map(str, provider.min_glibc))
+        raise UsageError(
+            f"{base.image} has glibc {base.glibc[0]}.{base.glibc[1]}; {provider.package} needs glibc {need} or newer"
+        )
+    platform = options.platform or {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[base.arch]
+    if platform not in provider.platforms:
+        raise UsageError(f"--platform {platform}: {provider.name} images exist for {', '.join(provider.platforms)}")
+    return Plan(
+        project=project,
+        model=model,
+        signature=signature,
+        provider=provider,
+        reason=reason,
+        base=base,
+        platform=platform,
+        tag=image_tag(project, provider.name, options.tag),
+        warmup=warmup_mode(options.warmup or cfg.pack.warmup, provider, options.host_has_gpu),
+        created=_created(),
+    )
+
+
+def warmup_mode(setting: str, provider: Provider, host_has_gpu: bool) -> str:
+    """never -> none; always -> baked; auto -> baked for TensorRT on a GPU host (its engines
+    take minutes to build), else at-start (one warmup inference before reporting ready)."""
+    if setting == "never":
+        return "none"
+    if setting == "always":
+        return "baked"
+    return "baked" if provider.name == "tensorrt" and host_has_gpu else "at-start"
+
+
+_REF = re.compile(
+    r"^(?:(?:[a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+(?::\d+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$"
+)
+
+
+def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
+    cfg = project.config
+    template = cli_tag or cfg.pack.tag or DEFAULT_TAG
+    fields = {
+        "name": re.sub(r"[^a-z0-9._/-]+", "-", cfg.name.lower()).strip("-._/") or "model",
+        "version": re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.version).strip("-.") or "latest",
+        "provider": provider,
+    }
+    try:
+        tag = template.format(**fields)
+    except (KeyError, IndexError, ValueError) as e:
+        raise UsageError(f"--tag {template!r}: bad placeholder {e}; use {{name}}, {{version}}, {{provider}}") from None
+    if not _REF.match(tag):
+        source = "--tag" if cli_tag else ("pack.tag" if cfg.pack.tag else "name/version")
+        raise UsageError(f"{source}: '{tag}' is not a valid image reference (lowercase repository[:tag])")
+    return tag
+
+
+def _created() -> str:
+    """Build time, or SOURCE_DATE_EPOCH for reproducible builds."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch and epoch.isdigit() else datetime.now(timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the plan writes into the image
+
+
+def labels(plan: Plan, ort_version: str) -> dict[str, str]:
+    cfg = plan.project.config
+    out = {
+        "org.opencontainers.image.title": cfg.name,
+        "org.opencontainers.image.version": cfg.version,
+        "org.opencontainers.image.created": plan.created,
+        "org.opencontainers.image.description": " ".join((cfg.description or f"{cfg.name} served by gpux-pack").split()),
+        "org.opencontainers.image.base.name": plan.base.image,
+        "io.gpux.model.name": cfg.name,
+        "io.gpux.model.version": cfg.model.version or cfg.version,
+        "io.gpux.model.sha256": plan.model.sha256,
+        "io.gpux.provider": plan.provider.name,
+        "io.gpux.onnxruntime.version": ort_version,
+        "io.gpux.pack.version": __version__,
+        "io.gpux.warmup": plan.warmup,
+        "io.gpux.port": str(plan.port),
+    }
+    for key, value in cfg.pack.labels.items():
+        out.setdefault(key, value)  # user labels never override the contract's
+    return out
+
+
+def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version: str) -> dict[str, Any]:
+    """gpux.json: everything the image's runtime needs, so it never reads YAML."""
+    cfg = plan.project.config
+    profiles = {
+        name: {"min": p.min, "opt": p.opt, "max": p.max} for name, p in cfg.pack.tensorrt.profiles.items()
+    }
+    return {
+        "format": 1,
+        "name": cfg.name,
+        "version": cfg.version,
+        "description": cfg.description,
+        "model": {
+            "path": f"model/{plan.model.files[0]}",
+            "file": plan.model.files[0],
+            "sha256": plan.model.sha256,
+            "size_bytes": plan.model.size_bytes,
+            "opset": plan.model.opset,
+        },
+        "inputs": [t.to_json() for t in plan.signature.inputs],
+        "outputs": [t.to_json() for t in plan.signature.outputs],
+        "provider": plan.provider.name,
+        "execution_providers": execution_providers,
+        "onnxruntime": ort_version,
+        "warmup": plan.warmup,
+        "warmup_profiles": profiles,
+        "runtime": {
+            "timeout": cfg.runtime.timeout,
+            "batch_size": cfg.runtime.batch_size,
+            "enable_profiling": cfg.runtime.enable_profiling,
+        },
+        "serving": {
+            "port": cfg.serving.port,
+            "host": cfg.serving.host,
+            "max_workers": cfg.serving.max_workers,
+            "timeout": cfg.serving.timeout,
+        },
+        "metadata": cfg.metadata,
+        "pack_version": __version__,
+    }

@@ -1,0 +1,241 @@
+"""Request bodies -> validated numpy feeds, and outputs -> JSON.
+
+Every check names the input and what is wrong; a bad request costs the server nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DTYPES
+
+
+class RequestError(Exception):
+    """A client mistake: answered with `status` and {"error": message}."""
+
+    def __init__(self, message: str, status: int = 400, allow: str | None = None):
+        super().__init__(message)
+        self.status, self.allow = status, allow
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # canonical dtype, or sequence/map/optional for non-tensor outputs
+    shape: tuple[int | str, ...] | None  # int >= 0 fixed, -1 or str dynamic
+    required: bool = True
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "TensorSpec":
+        shape = d.get("shape")
+        return cls(d["name"], d["type"], tuple(shape) if shape is not None else None, d.get("required", True))
+
+    @property
+    def datatype(self) -> str:
+        """KServe v2 datatype."""
+        return DTYPES[self.dtype][1] if self.dtype in DTYPES else "BYTES"
+
+    @property
+    def v2_shape(self) -> list[int]:
+        return [d if isinstance(d, int) else -1 for d in (self.shape or ())]
+
+
+def _kind_name(arr: np.ndarray) -> str:
+    return {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers", "U": "strings", "S": "strings"}.get(
+        arr.dtype.kind, "mixed values"
+    )
+
+
+def to_array(spec: TensorSpec, value: Any, what: str) -> np.ndarray:
+    """A JSON value (nested lists or a scalar) as an array of the input's dtype."""
+    if isinstance(value, dict):
+        raise RequestError(f"{what}: expected a nested list of values, got an object")
+    if spec.dtype == "string":
+        try:
+            arr = np.array(value, dtype=object)
+        except ValueError:
+            raise RequestError(f"{what}: ragged nested lists (every row needs the same length)") from None
+        if not all(isinstance(v, str) for v in arr.ravel()):
+            raise RequestError(f"{what}: expected strings")
+        return arr
+    try:
+        arr = np.asarray(value)
+    except (ValueError, OverflowError) as e:
+        msg = "ragged nested lists (every row needs the same length)" if "inhomogeneous" in str(e) else str(e)
+        raise RequestError(f"{what}: {msg}") from None
+    target = np.dtype(DTYPES[spec.dtype][0])
+    kind = arr.dtype.kind
+    if arr.size == 0 and kind == "f":
+        kind = target.kind  # [] parses as float64: nothing in it to be of a wrong type
+    if kind == "O" or kind in "US":
+        raise RequestError(f"{what}: expected {spec.dtype} values, got {_kind_name(arr)} (or nulls)")
+    if target.kind == "b" and kind != "b":
+        raise RequestError(f"{what}: expected booleans (true/false), got {_kind_name(arr)}")
+    if target.kind in "iu":
+        if kind not in "iu":
+            raise RequestError(f"{what}: expected {spec.dtype} integers, got {_kind_name(arr)}")
+        if arr.size:
+            info = np.iinfo(target)
+            lo, hi = arr.min(), arr.max()
+            if int(lo) < info.min or int(hi) > info.max:
+                raise RequestError(f"{what}: values outside the {spec.dtype} range [{info.min}, {info.max}]")
+    if target.kind == "f" and kind == "b":
+        raise RequestError(f"{what}: expected {spec.dtype} numbers, got booleans")
+    return arr.astype(target, copy=False)
+
+
+def check_shape(spec: TensorSpec, arr: np.ndarray, what: str, dims: dict[str, tuple[int, str]]) -> None:
+    """Rank and fixed dimensions as the model declares them; a named dynamic dimension must
+    have one size across all inputs of a request."""
+    if spec.shape is None:
+        return
+    if arr.ndim != len(spec.shape):
+        raise RequestError(
+            f"{what}: expected rank {len(spec.shape)} {_shape_text(spec.shape)}, got shape {list(arr.shape)}"
+        )
+    for i, (want, got) in enumerate(zip(spec.shape, arr.shape)):
+        if isinstance(want, int) and want >= 0 and want != got:
+            raise RequestError(
+                f"{what}: dimension {i} must be {want} {_shape_text(spec.shape)}, got shape {list(arr.shape)}"
+            )
+        if isinstance(want, str):
+            seen = dims.setdefault(want, (got, spec.name))
+            if seen[0] != got:
+                raise RequestError(
+                    f"{what}: dimension '{want}' is {got} here but {seen[0]} in input '{seen[1]}'"
+                )
+
+
+def _shape_text(shape: tuple[int | str, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def decode_predict(body: Any, inputs: list[TensorSpec]) -> dict[str, np.ndarray]:
+    """GPUX: {"<input>": nested list, ...}."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object mapping input names to nested lists")
+    by_name = {s.name: s for s in inputs}
+    if "inputs" in body and "inputs" not in by_name and isinstance(body["inputs"], dict):
+        body = body["inputs"]  # tolerate {"inputs": {...}} as GPUX clients sometimes send
+    for name in body:
+        if name not in by_name:
+            raise RequestError(f"unknown input '{name}'; the model's inputs are: {', '.join(by_name)}")
+    for spec in inputs:
+        if spec.required and spec.name not in body:
+            raise RequestError(f"missing required input '{spec.name}'")
+    feeds: dict[str, np.ndarray] = {}
+    dims: dict[str, tuple[int, str]] = {}
+    for name, value in body.items():
+        spec = by_name[name]
+        what = f"input '{name}'"
+        arr = to_array(spec, value, what)
+        check_shape(spec, arr, what, dims)
+        feeds[name] = arr
+    return feeds
+
+
+def encode_predict(outputs: dict[str, Any]) -> dict[str, Any]:
+    return {name: to_json(value) for name, value in outputs.items()}
+
+
+def to_json(value: Any) -> Any:
+    """numpy -> JSON-able; non-finite floats become null (strict JSON has no NaN)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return _finite(value.tolist())
+        if value.dtype.kind in "SO":
+            return [to_json(v) for v in value] if value.ndim else to_json(value.item())
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        return to_json(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    return v if not isinstance(v, float) or math.isfinite(v) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# KServe v2 / Open Inference Protocol (REST, JSON tensors)
+
+
+def decode_v2(
+    body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]
+) -> tuple[dict[str, np.ndarray], list[str] | None]:
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object with an 'inputs' list")
+    items = body.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise RequestError("'inputs' must be a non-empty list of tensors")
+    by_name = {s.name: s for s in inputs}
+    feeds: dict[str, np.ndarray] = {}
+    dims: dict[str, tuple[int, str]] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise RequestError(f"inputs[{i}]: expected an object with name, shape, datatype and data")
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise RequestError(f"inputs[{i}]: 'name' is missing")
+        what = f"input '{name}'"
+        spec = by_name.get(name)
+        if spec is None:
+            raise RequestError(f"unknown input '{name}'; the model's inputs are: {', '.join(by_name)}")
+        if name in feeds:
+            raise RequestError(f"{what} is given twice")
+        params = item.get("parameters") or {}
+        if isinstance(params, dict) and "binary_data_size" in params:
+            raise RequestError(f"{what}: the binary tensor extension is not supported; send JSON data")
+        for key in ("shape", "datatype", "data"):
+            if key not in item:
+                raise RequestError(f"{what}: '{key}' is missing")
+        shape = item["shape"]
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise RequestError(f"{what}: 'shape' must be a list of non-negative integers")
+        if item["datatype"] != spec.datatype:
+            raise RequestError(f"{what}: datatype {item['datatype']} does not match the model's {spec.datatype}")
+        arr = to_array(spec, item["data"], what).reshape(-1)
+        count = math.prod(shape)
+        if arr.size != count:
+            raise RequestError(f"{what}: shape {shape} needs {count} values, got {arr.size}")
+        arr = arr.reshape(shape)
+        check_shape(spec, arr, what, dims)
+        feeds[name] = arr
+    for spec in inputs:
+        if spec.required and spec.name not in feeds:
+            raise RequestError(f"missing required input '{spec.name}'")
+    wanted = body.get("outputs")
+    names: list[str] | None = None
+    if wanted is not None:
+        known = {s.name for s in outputs}
+        if not isinstance(wanted, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted):
+            raise RequestError("'outputs' must be a list of objects with a 'name'")
+        names = [o["name"] for o in wanted]
+        for n in names:
+            if n not in known:
+                raise RequestError(f"unknown output '{n}'; the model's outputs are: {', '.join(known)}")
+    return feeds, names
+
+
+def encode_v2(outputs: dict[str, Any], specs: dict[str, TensorSpec]) -> list[dict[str, Any]]:
+    out = []
+    for name, value in outputs.items():
+        arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
+        spec = specs.get(name)
+        datatype = spec.datatype if spec and spec.dtype in DTYPES else "BYTES"
+        data = to_json(arr.reshape(-1)) if arr.dtype.kind != "O" or arr.ndim else [to_json(value)]
+        out.append({"name": name, "datatype": datatype, "shape": list(arr.shape), "data": data})
+    return out

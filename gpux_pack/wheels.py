@@ -1,0 +1,312 @@
+"""The image's Python wheels, resolved and downloaded on the host.
+
+Inside `docker build` the network is not trusted (proxies, TLS interception, air-gapped CI),
+so the build installs from a wheelhouse in the context with `--no-index --require-hashes`.
+
+- resolve: `uv pip compile` for the image's Python and platform (pip evaluates environment
+  markers against the host's interpreter, so it cannot lock for another Python; uv can).
+- fetch: `pip download --no-deps --require-hashes` of exactly those pins (honours pip.conf,
+  proxies and private indexes), into a cache shared by every build.
+Both are cached: an unchanged build needs no network at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from gpux_pack.errors import WheelError
+
+# uv knows these manylinux targets (uv 0.9-0.13): a newer glibc is served by the newest.
+_UV_MANYLINUX = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
+_LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+ARCHES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64", "linux/arm64/v8": "aarch64"}
+TOOLS = ("pip",)  # run from its wheel inside the build, never installed in the image
+
+
+@dataclass(frozen=True)
+class Target:
+    """The image's interpreter and platform."""
+
+    python: str  # "3.11"
+    arch: str  # "x86_64" | "aarch64"
+    glibc: tuple[int, int]  # (2, 36)
+
+    @property
+    def cp(self) -> str:
+        return "cp" + self.python.replace(".", "")
+
+    @property
+    def uv_platform(self) -> str:
+        minor = max((m for m in _UV_MANYLINUX if m <= self.glibc[1]), default=None)
+        if self.glibc[0] != 2 or minor is None:
+            raise WheelError(f"glibc {self.glibc[0]}.{self.glibc[1]} is too old for manylinux wheels")
+        return f"{self.arch}-manylinux_2_{minor}"
+
+    @property
+    def platforms(self) -> list[str]:
+        """Platform tags the image accepts, most specific first (as pip computes them)."""
+        out = []
+        for minor in range(self.glibc[1], 4, -1):
+            out.append(f"manylinux_2_{minor}_{self.arch}")
+            if minor in _LEGACY and (self.arch == "x86_64" or minor == 17):
+                out.append(f"{_LEGACY[minor]}_{self.arch}")
+        out.append(f"linux_{self.arch}")
+        return out
+
+    def tags(self) -> list[Tag]:
+        version = tuple(int(p) for p in self.python.split("."))
+        return [
+            *cpython_tags(version, abis=[self.cp, "abi3", "none"], platforms=self.platforms),
+            *compatible_tags(version, interpreter=self.cp, platforms=self.platforms),
+        ]
+
+    def describe(self) -> str:
+        return f"{self.cp} {self.uv_platform}"
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str  # canonical
+    version: str
+    hashes: frozenset[str]  # sha256 of every file of this release (from the index)
+
+
+@dataclass(frozen=True)
+class Lock:
+    target: Target
+    requirements: tuple[str, ...]
+    pins: tuple[Pin, ...]  # what the image's venv gets
+    tools: tuple[Pin, ...]  # what the build runs (pip)
+
+    def version_of(self, dist: str) -> str | None:
+        name = canonicalize_name(dist)
+        return next((p.version for p in self.pins if p.name == name), None)
+
+
+@dataclass(frozen=True)
+class Wheel:
+    pin: Pin
+    path: Path
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    lock: Lock
+    wheels: tuple[Wheel, ...]
+    tools: tuple[Wheel, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(w.path.stat().st_size for w in (*self.wheels, *self.tools))
+
+    def lock_text(self) -> str:
+        """requirements.lock for the build: one exact file hash per package."""
+        head = [
+            f"# gpux-pack lock for {self.lock.target.describe()}",
+            f"# from: {', '.join(self.lock.requirements)}",
+        ]
+        body = [f"{w.pin.name}=={w.pin.version} --hash=sha256:{w.sha256}" for w in self.wheels]
+        return "\n".join(head + body) + "\n"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("GPUX_PACK_CACHE_DIR"):
+        return Path(os.environ["GPUX_PACK_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpux-pack"
+
+
+# ---------------------------------------------------------------------------------------------
+# resolve
+
+
+def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False) -> Lock:
+    """Pinned, hashed versions for the target; cached by (requirements, target)."""
+    key_src = json.dumps([sorted(requirements), list(TOOLS), target.python, target.uv_platform])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
+    path = cache_dir() / "locks" / f"{key}.txt"
+    if refresh or not path.is_file():
+        text = _uv_compile([*requirements, *TOOLS], target)
+        _write_atomic(path, text)
+    pins = _parse_compiled(path.read_text())
+    tools = tuple(p for p in pins if p.name in TOOLS)
+    return Lock(target, tuple(requirements), tuple(p for p in pins if p.name not in TOOLS), tools)
+
+
+def _uv_compile(requirements: list[str], target: Target) -> str:
+    from uv import find_uv_bin
+
+    cmd = [
+        find_uv_bin(), "pip", "compile", "-",
+        "--python-version", target.python,
+        "--python-platform", target.uv_platform,
+        "--only-binary", ":all:",
+        "--generate-hashes", "--no-header", "--no-annotate", "--quiet",
+    ]  # fmt: skip
+    env = dict(os.environ)
+    # Let a pip-only configuration (proxy index, custom CA) reach uv as well.
+    if "PIP_INDEX_URL" in env and not ({"UV_INDEX_URL", "UV_DEFAULT_INDEX"} & env.keys()):
+        env["UV_DEFAULT_INDEX"] = env["PIP_INDEX_URL"]
+    if "PIP_EXTRA_INDEX_URL" in env and "UV_INDEX" not in env and "UV_EXTRA_INDEX_URL" not in env:
+        env["UV_INDEX"] = env["PIP_EXTRA_INDEX_URL"]
+    if "PIP_CERT" in env and "SSL_CERT_FILE" not in env:
+        env["SSL_CERT_FILE"] = env["PIP_CERT"]
+    proc = subprocess.run(
+        cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env
+    )
+    if proc.returncode != 0:
+        raise WheelError(
+            f"cannot resolve the image's wheels for {target.describe()}: {_uv_reason(proc.stderr)}"
+        )
+    return proc.stdout
+
+
+def _uv_reason(stderr: str) -> str:
+    lines = [re.sub(r"^[\s×╰─▶│]+", "", line).strip() for line in stderr.splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("hint:", "help:"))]
+    return " ".join(lines)[:600] or "uv failed without a message"
+
+
+def _parse_compiled(text: str) -> list[Pin]:
+    pins = []
+    for entry in text.replace("\\\n", " ").splitlines():
+        entry = entry.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        spec, *rest = entry.split()
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;]+)", spec)
+        if not m:
+            raise WheelError(f"unexpected line in the resolved lock: {entry[:120]}")
+        hashes = frozenset(h.split(":", 1)[1] for h in rest if h.startswith("--hash=sha256:"))
+        pins.append(Pin(canonicalize_name(m.group(1)), m.group(2), hashes))
+    return pins
+
+
+# ---------------------------------------------------------------------------------------------
+# fetch
+
+
+def fetch(lock: Lock, log=lambda msg: None) -> Wheelhouse:
+    """One verified wheel per pin, from the cache or downloaded into it."""
+    folder = cache_dir() / "wheels"
+    folder.mkdir(parents=True, exist_ok=True)
+    tags = lock.target.tags()
+    pins = (*lock.pins, *lock.tools)
+    found = _find(folder, pins, tags)
+    missing = [p for p in pins if p not in found]
+    if missing:
+        log(f"downloading {len(missing)} wheel(s) for {lock.target.describe()}")
+        _pip_download(missing, lock.target, folder)
+        found = _find(folder, pins, tags)
+        still = [p for p in pins if p not in found]
+        if still:
+            p = still[0]
+            raise WheelError(f"no wheel of {p.name}=={p.version} fits {lock.target.describe()}")
+    return Wheelhouse(
+        lock,
+        tuple(found[p] for p in lock.pins),
+        tuple(found[p] for p in lock.tools),
+    )
+
+
+def _find(folder: Path, pins: tuple[Pin, ...], tags: list[Tag]) -> dict[Pin, Wheel]:
+    """The best cached wheel for each pin: right name, version, hash and platform tag."""
+    rank = {tag: i for i, tag in enumerate(tags)}
+    by_release: dict[tuple[str, str], list[tuple[int, Path]]] = {}
+    for path in folder.glob("*.whl"):
+        try:
+            name, version, _, file_tags = parse_wheel_filename(path.name)
+        except ValueError:
+            continue
+        best = min((rank[t] for t in file_tags if t in rank), default=None)
+        if best is not None:
+            by_release.setdefault((name, str(version)), []).append((best, path))
+    hashes = _HashIndex(folder)
+    found: dict[Pin, Wheel] = {}
+    for pin in pins:
+        for _, path in sorted(by_release.get((pin.name, _norm_version(pin.version)), [])):
+            digest = hashes.get(path)
+            if digest in pin.hashes:
+                found[pin] = Wheel(pin, path, digest)
+                break
+    hashes.save()
+    return found
+
+
+def _norm_version(version: str) -> str:
+    from packaging.version import Version
+
+    return str(Version(version))
+
+
+def _pip_download(pins: list[Pin], target: Target, folder: Path) -> None:
+    lines = [f"{p.name}=={p.version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(p.hashes)) for p in pins]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+        req = f.name
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+        "--require-hashes", "--dest", str(folder), "--progress-bar", "off",
+        "--disable-pip-version-check", "--no-input",
+        "--python-version", target.python, "--implementation", "cp",
+        "--abi", target.cp, "--abi", "abi3", "--abi", "none",
+        *[arg for plat in target.platforms for arg in ("--platform", plat)],
+        "-r", req,
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        os.unlink(req)
+    if proc.returncode != 0:
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+        reason = " ".join(errors)[:600] or proc.stderr.strip()[-600:]
+        raise WheelError(f"downloading wheels failed: {reason}")
+
+
+class _HashIndex:
+    """sha256 of cached wheels, remembered by (name, size, mtime) so a 2 GB CUDA wheelhouse
+    is not re-hashed on every build."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / ".sha256.json"
+        try:
+            self.data: dict[str, list] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+        self.dirty = False
+
+    def get(self, path: Path) -> str:
+        st = path.stat()
+        known = self.data.get(path.name)
+        if known and known[0] == st.st_size and known[1] == st.st_mtime_ns:
+            return known[2]
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        self.data[path.name] = [st.st_size, st.st_mtime_ns, h.hexdigest()]
+        self.dirty = True
+        return h.hexdigest()
+
+    def save(self) -> None:
+        if self.dirty:
+            _write_atomic(self.path, json.dumps(self.data, sort_keys=True))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
