@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - older typer on real click
 
 from gpux_pack import __version__, engine, providers
 from gpux_pack.errors import BuildError, PackError
+from gpux_pack.plan import image_tag
 from gpux_pack.ui import Reporter
 
 app = typer.Typer(
@@ -90,6 +91,7 @@ def build(
     options = _options(tag, base_image, platform, warmup)
     cli = providers.parse_provider_list(provider)
     loaded = pipeline.load(path)
+    image_tag(loaded.project, "cpu", tag)  # a bad tag fails now, not after the build
     client = engine.connect()
     decision = pipeline.choose_providers(loaded, cli, client, ui)
     if tag and len(decision.providers) > 1 and "{provider}" not in tag:

@@ -10,7 +10,6 @@ from typing import Any
 from gpux_pack import context as contexts
 from gpux_pack import engine, providers, render, wheels
 from gpux_pack.config import Project, load_project
-from gpux_pack.errors import UsageError
 from gpux_pack.model import ModelInfo, Signature, inspect_model, reconcile
 from gpux_pack.plan import Options, Plan, assumed_base, base_image_for, make_plan, runtime_config
 from gpux_pack.ui import Reporter
@@ -51,10 +50,6 @@ def _shown(path: Path) -> str:
 
 
 def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Reporter) -> providers.Decision:
-    for name in cli:
-        if name != "auto" and name not in providers.PROVIDERS:
-            known = ", ".join(["auto", *providers.PROVIDERS])
-            raise UsageError(f"--provider: unknown provider '{name}' (choose from {known})")
     cfg = loaded.project.config
     pack = [p for p in cfg.pack.providers]
     needs_host = not [p for p in [*cli, *pack] if p != "auto"] and cfg.runtime.gpu.backend == "auto"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpux_pack.errors import UsageError
+
 # What the image's runtime imports besides onnxruntime (kept tiny: the runtime is slim).
 RUNTIME_REQUIREMENTS: tuple[str, ...] = ("numpy>=1.26", "uvicorn>=0.30,<1")
 
@@ -156,12 +158,16 @@ class Decision:
 
 
 def parse_provider_list(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    """'cpu,openvino' or ['cpu', 'openvino'] -> ['cpu', 'openvino'] (order kept, no repeats)."""
+    """'cpu,openvino' or ['cpu', 'openvino'] -> ['cpu', 'openvino'] (order kept, no repeats);
+    an unknown name is a usage error."""
     if value is None:
         return []
     items = value.split(",") if isinstance(value, str) else list(value)
     out: list[str] = []
     for item in (i.strip().lower() for i in items):
+        if item and item != "auto" and item not in PROVIDERS:
+            hint = f"; {NOT_FOR_LINUX[item]}" if item in NOT_FOR_LINUX else ""
+            raise UsageError(f"--provider: unknown provider '{item}' (choose from auto, {', '.join(PROVIDERS)}){hint}")
         if item and item not in out:
             out.append(item)
     return out

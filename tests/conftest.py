@@ -1,0 +1,151 @@
+"""Shared fixtures. End-to-end tests need a Docker engine and the offline base image
+(`bash scripts/dev test` provides both); without them they fail, they never skip."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+BASE_IMAGE = os.environ.get("GPUX_TEST_BASE_IMAGE", "gpux-pack/debian-python:bookworm")
+RUN_ID = uuid.uuid4().hex[:8]
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+os.environ.setdefault("TESTCONTAINERS_CONNECTION_MODE", "docker_host")
+os.environ.setdefault("TC_HOST", "127.0.0.1")
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 900):
+    """gpux-pack as users run it: a separate process, its exit code, stdout and stderr."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "gpux_pack", *args],
+        capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as e:  # a missing engine is a failure, not a skip
+        pytest.fail(f"end-to-end tests need a Docker engine ({e}); run `bash scripts/dev test`")
+    try:
+        client.images.get(BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"base image {BASE_IMAGE} is missing; run `bash base-images/debian-offline.sh`")
+    return client
+
+
+@pytest.fixture(scope="session")
+def tags(docker_client):
+    """Unique image tags for this run; removed at the end."""
+    made: list[str] = []
+
+    def make(name: str) -> str:
+        tag = f"gpux-test-{RUN_ID}/{name}"
+        made.append(tag)
+        return tag
+
+    yield make
+    for tag in made:
+        try:
+            docker_client.images.remove(tag, force=True)
+        except Exception:
+            pass
+
+
+def build_image(path: Path, tag: str, *extra: str, env: dict[str, str] | None = None) -> dict:
+    """`gpux-pack build --json` on the offline base; returns the summary of the one image."""
+    proc = run_cli("build", str(path), "--base-image", BASE_IMAGE, "--tag", tag, "--json", *extra, env=env)
+    assert proc.returncode == 0, f"build failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    summary = json.loads(proc.stdout)
+    assert len(summary["images"]) == 1
+    return summary["images"][0]
+
+
+@pytest.fixture(scope="session")
+def mlp_image(docker_client, tags) -> dict:
+    return build_image(EXAMPLES / "mlp", tags("iris-mlp:cpu"))
+
+
+@pytest.fixture(scope="session")
+def text_image(docker_client, tags) -> dict:
+    return build_image(EXAMPLES / "text-classifier", tags("text-classifier:cpu"))
+
+
+class Served:
+    """A running container reached through a port published on 127.0.0.1."""
+
+    def __init__(self, container, url: str):
+        self.container, self.url = container, url
+
+    def get(self, path: str, **kw):
+        import requests
+
+        return requests.get(self.url + path, timeout=30, **kw)
+
+    def post(self, path: str, **kw):
+        import requests
+
+        return requests.post(self.url + path, timeout=30, **kw)
+
+
+@contextmanager
+def serve(image: str, port: int = 8080, ready: bool = True, **kwargs):
+    """Start the image with testcontainers; wait until /v2/health/ready answers 200."""
+    import requests
+    from testcontainers.core.container import DockerContainer
+
+    tmpfs = kwargs.pop("tmpfs", {})
+    container = DockerContainer(image, **kwargs)
+    container.tmpfs.update(tmpfs)
+    container.ports[f"{port}/tcp"] = ("127.0.0.1", None)  # published on loopback only
+    container.start()
+    try:
+        host = container.get_container_host_ip()
+        url = f"http://{host}:{container.get_exposed_port(port)}"
+        served = Served(container, url)
+        if ready:
+            wait_ready(served)
+        yield served
+    finally:
+        container.stop()
+
+
+def wait_ready(served: Served, timeout: float = 60) -> None:
+    """Poll readiness (the container's own signal), failing with its logs if it never comes."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        served.container.get_wrapped_container().reload()
+        if served.container.get_wrapped_container().status == "exited":
+            break
+        try:
+            if requests.get(served.url + "/v2/health/ready", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.1)
+    logs = served.container.get_wrapped_container().logs().decode(errors="replace")
+    pytest.fail(f"container never became ready:\n{logs[-3000:]}")
+
+
+def copy_example(name: str, dest: Path) -> Path:
+    target = dest / name
+    shutil.copytree(EXAMPLES / name, target)
+    return target

@@ -1,0 +1,149 @@
+"""Builds: layer reuse, render + plain build, failures that keep earlier tags, baked warmup."""
+
+import io
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tests.conftest import BASE_IMAGE, build_image, copy_example, run_cli, serve
+
+pytestmark = pytest.mark.e2e
+
+SAME_TIME = {"SOURCE_DATE_EPOCH": "1767225600"}  # every build of these tests claims one creation time
+
+
+def layers(client, ref: str) -> list[str]:
+    return client.images.get(ref).attrs["RootFS"]["Layers"]
+
+
+def change_weights(model_path) -> None:
+    model = onnx.load(str(model_path))
+    for init in model.graph.initializer:
+        if init.name == "b2":
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(1.0), "b2"))
+    onnx.save(model, str(model_path))
+
+
+def test_model_change_rebuilds_only_the_model_layers(tmp_path, docker_client, tags):
+    project = copy_example("mlp", tmp_path)
+    first = build_image(project, tags("layers:a"), env=SAME_TIME)
+    again = build_image(project, tags("layers:b"), env=SAME_TIME)
+    # unchanged project: every step from the cache, the very same image
+    assert again["cached_steps"] == again["steps"] - 2  # the two FROM lines are never "cached" steps
+    assert again["id"] == first["id"]
+
+    change_weights(project / "model.onnx")
+    changed = build_image(project, tags("layers:c"), env=SAME_TIME)
+    before, after = layers(docker_client, first["tag"]), layers(docker_client, changed["tag"])
+    assert len(before) == len(after)
+    assert before[:-2] == after[:-2], "base, venv and runtime layers must be reused"
+    assert before[-2] != after[-2] and before[-1] != after[-1]  # model/ and gpux.json
+    assert changed["cached_steps"] == changed["steps"] - 2 - 9  # from COPY model/ on: 9 steps re-run
+    labels = docker_client.images.get(changed["tag"]).labels
+    assert labels["io.gpux.model.sha256"] != docker_client.images.get(first["tag"]).labels["io.gpux.model.sha256"]
+    with serve(changed["tag"]) as server:  # and it serves the new weights
+        out = server.post("/predict", json={"features": [[0, 0, 0, 0]]}).json()["logits"][0]
+    with serve(first["tag"]) as server:
+        old = server.post("/predict", json={"features": [[0, 0, 0, 0]]}).json()["logits"][0]
+    np.testing.assert_allclose(np.array(out) - np.array(old), [1.0, 1.0, 1.0], atol=1e-5)
+
+
+def test_render_then_plain_build_gives_the_same_image(tmp_path, docker_client, tags):
+    project = copy_example("mlp", tmp_path)
+    built = build_image(project, tags("render:cli"), env=SAME_TIME)
+    out = tmp_path / "context"
+    proc = run_cli("render", str(project), "--provider", "cpu", "--base-image", BASE_IMAGE,
+                   "--output", str(out), env=SAME_TIME)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "Dockerfile").is_file() and (out / "wheels" / "requirements.lock").is_file()
+    # a plain build of the folder through the SDK, as `docker build DIR` would
+    image, _ = docker_client.images.build(path=str(out), tag=tags("render:plain"), rm=True)
+    assert layers(docker_client, image.id) == layers(docker_client, built["tag"])
+    assert image.id == built["id"]
+    with serve(image.id) as server:
+        r = server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]})
+        assert r.status_code == 200 and len(r.json()["probs"][0]) == 3
+
+
+def test_image_is_slim_non_root_and_read_only(mlp_image, docker_client):
+    image = docker_client.images.get(mlp_image["tag"])
+    assert image.attrs["Config"]["User"] == "10001:10001"
+    assert image.attrs["Config"]["Entrypoint"] == ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime"]
+    probe = (
+        "import importlib.util as u, json, os, shutil; "
+        "print(json.dumps({'uid': os.getuid(), "
+        "'present': [m for m in ('docker', 'jinja2', 'typer', 'yaml', 'pydantic', 'rich', 'onnx', 'pip', 'uv') if u.find_spec(m)], "
+        "'compilers': [c for c in ('gcc', 'cc', 'g++', 'clang') if shutil.which(c)], "
+        "'pip_cache': os.path.exists('/root/.cache/pip') or os.path.exists('/tmp/wheels'), "
+        "'writable_root': os.access('/opt/gpux', os.W_OK)}))"
+    )
+    out = docker_client.containers.run(
+        image.id, entrypoint=["/opt/gpux/venv/bin/python", "-c", probe], remove=True,
+        read_only=True, tmpfs={"/tmp": "rw"},
+    )  # fmt: skip
+    facts = json.loads(out)
+    assert facts == {"uid": 10001, "present": [], "compilers": [], "pip_cache": False, "writable_root": False}
+
+
+HTTP_ERRORS = [
+    ("post", "/predict", {"data": b"{oops"}, 400, "malformed JSON"),
+    ("post", "/predict", {"json": {"petals": [[1, 2, 3, 4]]}}, 400, "unknown input 'petals'"),
+    ("post", "/predict", {"json": {}}, 400, "missing required input 'features'"),
+    ("post", "/predict", {"json": {"features": [["a", "b", "c", "d"]]}}, 400, "got strings"),
+    ("post", "/predict", {"json": {"features": [[1, 2]]}}, 400, "dimension 1 must be 4"),
+    ("post", "/predict", {"json": {"features": [[1, 2, 3, 4], [1]]}}, 400, "ragged"),
+    ("post", "/v2/models/iris-mlp/infer", {"json": {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "INT64", "data": [1, 2, 3, 4]}]}}, 400, "datatype INT64"),
+    ("post", "/v2/models/iris-mlp/infer", {"json": {"inputs": [{"name": "features", "shape": [3, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}}, 400, "needs 12 values"),
+    ("post", "/v2/models/resnet/infer", {"json": {"inputs": []}}, 404, "unknown model 'resnet'"),
+    ("get", "/v3/what", {}, 404, "no such endpoint"),
+    ("get", "/predict", {}, 405, "use POST"),
+    ("post", "/predict", {"data": b"[" + b"1.0," * 300000 + b"1.0]"}, 413, "exceeds the limit"),
+]
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(mlp_image):
+    with serve(mlp_image["tag"], env={"GPUX_MAX_BODY_BYTES": "1000000"}) as server:
+        for method, path, kwargs, status, words in HTTP_ERRORS:
+            r = getattr(server, method)(path, **kwargs)
+            assert r.status_code == status, (path, r.text)
+            assert words in r.json()["error"], (path, r.text)
+            assert server.get("/health").status_code == 200
+            ok = server.post("/predict", json={"features": [[1, 2, 3, 4]]})
+            assert ok.status_code == 200
+        logs = server.container.get_wrapped_container().logs().decode()
+        assert "Traceback" not in logs
+
+
+def test_failed_build_prints_the_step_and_keeps_the_previous_tag(tmp_path, docker_client, tags):
+    broken_base = tags("broken-base:1")
+    # a base whose python3 lacks the venv module: the probe passes, the venv step fails
+    docker_client.images.build(
+        fileobj=io.BytesIO(f"FROM {BASE_IMAGE}\nRUN rm -rf /usr/lib/python3.11/venv\n".encode()),
+        tag=broken_base, rm=True)  # fmt: skip
+    project = copy_example("mlp", tmp_path)
+    tag = tags("keep:1")
+    good = build_image(project, tag)
+    (project / "gpux.yml").write_text((project / "gpux.yml").read_text().replace("1.0.0", "1.0.1"))
+    proc = run_cli("build", str(project), "--base-image", broken_base, "--tag", tag)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "error: step 4/20 (RUN python3 -m venv" in proc.stderr
+    assert "No module named venv" in proc.stderr  # the end of the failing step's output
+    assert docker_client.images.get(tag).id == good["id"], "the earlier image keeps its tag"
+
+
+def test_baked_warmup_commits_a_serving_image(tmp_path, docker_client, tags, mlp_image):
+    baked = build_image(copy_example("mlp", tmp_path), tags("baked:1"), "--warmup", "always")
+    assert baked["warmup"] == "baked"
+    image = docker_client.images.get(baked["tag"])
+    assert image.labels["io.gpux.warmup"] == "baked"
+    config = image.attrs["Config"]
+    assert config["Cmd"] == ["serve"] and config["User"] == "10001:10001"
+    assert config["Entrypoint"] == ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime"]
+    assert "GPUX_CACHE_DIR=/opt/gpux/cache" in config["Env"]
+    with serve(baked["tag"], read_only=True, tmpfs={"/tmp": "rw"}) as server:
+        assert server.get("/info").json()["warmup"]["mode"] == "baked"
+        assert server.post("/predict", json={"features": [[1, 2, 3, 4]]}).status_code == 200

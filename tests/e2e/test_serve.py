@@ -1,0 +1,112 @@
+"""Built images serve the model: answers equal in-process onnxruntime, on a real engine."""
+
+import hashlib
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from tests.conftest import BASE_IMAGE, EXAMPLES, run_cli, serve
+
+pytestmark = pytest.mark.e2e
+
+
+def reference(example: str, feeds: dict) -> dict:
+    session = ort.InferenceSession(str(EXAMPLES / example / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def v2_infer(server, name: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    datatypes = {np.float32: "FP32", np.int64: "INT64"}
+    body = {"inputs": [
+        {"name": k, "shape": list(v.shape), "datatype": datatypes[v.dtype.type], "data": v.ravel().tolist()}
+        for k, v in tensors.items()]}  # fmt: skip
+    r = server.post(f"/v2/models/{name}/infer", json=body)
+    assert r.status_code == 200, r.text
+    return {o["name"]: np.reshape(o["data"], o["shape"]) for o in r.json()["outputs"]}
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_mlp_answers_equal_onnxruntime(mlp_image, batch):
+    x = np.random.default_rng(batch).normal(size=(batch, 4)).astype(np.float32)
+    expected = reference("mlp", {"features": x})
+    with serve(mlp_image["tag"], read_only=True, tmpfs={"/tmp": "rw,size=64m"}) as server:
+        assert server.get("/health").json() == {"status": "ready"}
+        predicted = server.post("/predict", json={"features": x.tolist()})
+        assert predicted.status_code == 200, predicted.text
+        v2 = v2_infer(server, "iris-mlp", {"features": x})
+        for name in ("logits", "probs"):
+            np.testing.assert_allclose(predicted.json()[name], expected[name], atol=1e-5, rtol=0)
+            np.testing.assert_allclose(v2[name], expected[name], atol=1e-5, rtol=0)
+            assert np.shape(predicted.json()[name]) == (batch, 3)
+
+
+def test_info_and_metadata(mlp_image):
+    with serve(mlp_image["tag"]) as server:
+        info = server.get("/info").json()
+        assert info["name"] == "iris-mlp" and info["version"] == "1.0.0"
+        assert info["execution_providers"]["active"] == ["CPUExecutionProvider"]
+        assert info["onnxruntime"] == mlp_image["onnxruntime"] == "1.31.1"
+        assert info["warmup"]["mode"] == "at-start" and info["warmup"]["state"] == "done"
+        assert [i["name"] for i in info["inputs"]] == ["features"]
+        assert server.get("/v2").json()["name"] == "gpux"
+        assert server.get("/v2/health/live").status_code == 200
+        meta = server.get("/v2/models/iris-mlp").json()
+        assert meta["platform"] == "onnxruntime_onnx"
+        assert meta["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 4]}]
+
+
+def test_text_classifier_int64_inputs(text_image):
+    ids = np.array([[5, 17, 256, 0, 0], [9, 8, 7, 6, 5]], dtype=np.int64)
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=np.int64)
+    expected = reference("text-classifier", {"input_ids": ids, "attention_mask": mask})
+    with serve(text_image["tag"], port=9000) as server:  # serving.port: 9000 in its gpux.yml
+        r = server.post("/predict", json={"input_ids": ids.tolist(), "attention_mask": mask.tolist()})
+        np.testing.assert_allclose(r.json()["logits"], expected["logits"], atol=1e-5, rtol=0)
+        v2 = v2_infer(server, "text-classifier", {"input_ids": ids, "attention_mask": mask})
+        np.testing.assert_allclose(v2["logits"], expected["logits"], atol=1e-5, rtol=0)
+
+
+def test_port_from_environment(mlp_image):
+    with serve(mlp_image["tag"], port=9123, env={"GPUX_PORT": "9123"}) as server:
+        assert server.get("/health").status_code == 200
+
+
+def test_labels_through_inspect(mlp_image):
+    proc = run_cli("inspect", mlp_image["tag"], "--json")
+    assert proc.returncode == 0, proc.stderr
+    labels = json.loads(proc.stdout)["labels"]
+    model_sha = hashlib.sha256((EXAMPLES / "mlp" / "model.onnx").read_bytes()).hexdigest()
+    assert labels["io.gpux.model.sha256"] == model_sha
+    assert labels["io.gpux.model.name"] == "iris-mlp" and labels["io.gpux.model.version"] == "1.0.0"
+    assert labels["io.gpux.provider"] == "cpu" and labels["io.gpux.warmup"] == "at-start"
+    assert labels["io.gpux.onnxruntime.version"] == "1.31.1"
+    assert labels["org.opencontainers.image.title"] == "iris-mlp"
+    assert labels["org.opencontainers.image.base.name"] == BASE_IMAGE
+    for key in ("org.opencontainers.image.created", "org.opencontainers.image.version",
+                "org.opencontainers.image.description", "io.gpux.pack.version"):
+        assert labels[key]
+    missing = run_cli("inspect", "gpux-test/does-not-exist:1")
+    assert missing.returncode == 2 and "no such image" in missing.stderr
+
+
+def test_sigterm_drains_and_exits_zero(mlp_image, docker_client):
+    with serve(mlp_image["tag"]) as server:
+        container = server.container.get_wrapped_container()
+        container.stop(timeout=20)  # SIGTERM; SIGKILL would give 137
+        container.reload()
+        assert container.attrs["State"]["ExitCode"] == 0
+        assert "Finished server process" in container.logs().decode()
+
+
+def test_entrypoint_commands(mlp_image, docker_client):
+    out = docker_client.containers.run(
+        mlp_image["tag"], ["predict", "--input", '{"features": [[5.1, 3.5, 1.4, 0.2]]}'], remove=True)
+    x = np.array([[5.1, 3.5, 1.4, 0.2]], dtype=np.float32)
+    np.testing.assert_allclose(json.loads(out)["probs"], reference("mlp", {"features": x})["probs"], atol=1e-5)
+    info = json.loads(docker_client.containers.run(mlp_image["tag"], ["info"], remove=True))
+    assert info["execution_providers"]["active"] == ["CPUExecutionProvider"]
+    warm = json.loads(docker_client.containers.run(mlp_image["tag"], ["warmup"], remove=True).decode().splitlines()[-1])
+    assert warm["warmup"]["state"] == "done"

@@ -1,0 +1,81 @@
+"""Broken projects end in one line and exit 2, before Docker is touched.
+
+DOCKER_HOST points at nothing: had any of these reached Docker, the exit code would be 1."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, run_cli
+
+NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+MLP_MODEL = (EXAMPLES / "mlp" / "model.onnx").read_bytes()
+GOOD = "name: m\nmodel:\n  source: ./model.onnx\n"
+
+
+def project(tmp_path: Path, config: str | None, model: bytes | None = MLP_MODEL) -> Path:
+    if config is not None:
+        (tmp_path / "gpux.yml").write_text(config)
+    if model is not None:
+        (tmp_path / "model.onnx").write_bytes(model)
+    return tmp_path
+
+
+CASES = {
+    "no gpux.yml": (None, MLP_MODEL, "no gpux.yml in this folder"),
+    "empty gpux.yml": ("", MLP_MODEL, "is empty"),
+    "invalid YAML": ("name: [x\n", MLP_MODEL, "invalid YAML"),
+    "unknown key": (GOOD + "servng: {}\n", MLP_MODEL, "unknown key 'servng' (did you mean 'serving'?)"),
+    "missing name": ("model:\n  source: ./model.onnx\n", MLP_MODEL, "name: is required"),
+    "bad type": (GOOD + "inputs:\n  features: {type: floa32}\n", MLP_MODEL, "did you mean 'float32'"),
+    "windows backend": (GOOD + "runtime:\n  gpu: {backend: directml}\n", MLP_MODEL, "Windows-only"),
+    "model file missing": (GOOD, None, "model.source: file not found"),
+    "empty model": (GOOD, b"", "is empty (0 bytes)"),
+    "truncated model": (GOOD, MLP_MODEL[:300], "is not an ONNX model"),
+    "text as model": (GOOD, b"this is not onnx\n", "is not an ONNX model"),
+    "unknown input": (GOOD + "inputs:\n  image: {type: float32}\n", MLP_MODEL, "has no input 'image'"),
+    "shape mismatch": (GOOD + "inputs:\n  features: {shape: [-1, 3]}\n", MLP_MODEL, "fixes it at 4"),
+    "bad tag": (GOOD + "pack:\n  tag: 'Not A Tag'\n", MLP_MODEL, "not a valid image reference"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_broken_project_is_one_line_and_exit_2(tmp_path, case):
+    config, model, words = CASES[case]
+    proc = run_cli("build", str(project(tmp_path, config, model)), env=NO_DOCKER)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert words in lines[0]
+    assert lines[0].startswith("error: ")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["build", "--provider", "tpu"], "unknown provider 'tpu'"),
+        (["build", "--warmup", "sometimes"], "--warmup"),
+        (["build", "--platform", "linux/s390x"], "--platform"),
+        (["build", "--no-such-flag"], "No such option"),
+        (["render"], "--output"),
+    ],
+)
+def test_usage_errors_exit_2(tmp_path, args, words):
+    project(tmp_path, GOOD)
+    proc = run_cli(*args, *([] if args[0] == "render" and len(args) == 1 else [str(tmp_path)]), env=NO_DOCKER)
+    assert proc.returncode == 2, proc.stderr
+    assert words in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unreachable_engine_is_one_line_exit_1():
+    proc = run_cli("build", str(EXAMPLES / "mlp"), env=NO_DOCKER)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: cannot reach the Docker engine at unix:///nonexistent/docker.sock")
+    assert "DOCKER_HOST" in lines[-1] and "Traceback" not in proc.stderr
+
+
+def test_version():
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("gpux-pack ")

@@ -1,0 +1,123 @@
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from gpux_pack.config import load_project
+from gpux_pack.errors import ConfigError, ModelError
+from gpux_pack.model import inspect_model, reconcile
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = ROOT / "examples" / "mlp" / "model.onnx"
+
+
+def test_reads_signature_and_digest():
+    info = inspect_model(MLP)
+    assert [(t.name, t.dtype, t.shape) for t in info.inputs] == [("features", "float32", ("batch", 4))]
+    assert [t.name for t in info.outputs] == ["logits", "probs"]
+    assert info.opset == 17 and info.files == ("model.onnx",)
+    assert len(info.sha256) == 64 and info.size_bytes == MLP.stat().st_size
+
+
+def test_initializer_inputs_are_optional(tmp_path):
+    w = numpy_helper.from_array(np.ones((2,), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [w],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    info = inspect_model(path)
+    assert {t.name: t.required for t in info.inputs} == {"x": True, "w": False}
+
+
+def _external(tmp_path: Path) -> Path:
+    big = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])],
+        [big],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="m.weights", size_threshold=0)
+    return path
+
+
+def test_external_data_is_part_of_the_model(tmp_path):
+    info = inspect_model(_external(tmp_path))
+    assert info.files == ("m.onnx", "m.weights")
+    assert info.size_bytes == (tmp_path / "m.onnx").stat().st_size + (tmp_path / "m.weights").stat().st_size
+
+
+def test_missing_and_truncated_external_data(tmp_path):
+    path = _external(tmp_path)
+    weights = tmp_path / "m.weights"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelError, match="'m.weights' is truncated"):
+        inspect_model(path)
+    weights.unlink()
+    with pytest.raises(ModelError, match="'m.weights' is missing"):
+        inspect_model(path)
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"", "is empty"),
+        (b"name: not a model\n", "is not an ONNX model"),
+        (MLP.read_bytes()[: len(MLP.read_bytes()) // 2], "is not an ONNX model"),
+        (b"\x00\x01\x02garbage" * 10, "is not an ONNX model"),
+    ],
+)
+def test_broken_files(tmp_path, content, words):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelError, match=words):
+        inspect_model(path)
+
+
+def _project(tmp_path: Path, extra: str):
+    (tmp_path / "model.onnx").write_bytes(MLP.read_bytes())
+    (tmp_path / "gpux.yml").write_text("name: m\nmodel:\n  source: ./model.onnx\n" + extra)
+    project = load_project(tmp_path)
+    return project, inspect_model(project.model_path)
+
+
+@pytest.mark.parametrize(
+    "extra, field, words",
+    [
+        ("inputs:\n  pixels: {type: float32}\n", "inputs.pixels", "has no input 'pixels' (it has: features)"),
+        ("inputs:\n  features: {type: int64}\n", "inputs.features.type", "int64 does not match the model's float32"),
+        ("inputs:\n  features: {shape: [1, 4, 4]}\n", "inputs.features.shape", "rank 3"),
+        ("inputs:\n  features: {shape: [-1, 5]}\n", "inputs.features.shape[1]", "fixes it at 4"),
+        ("inputs:\n  features: {required: false}\n", "inputs.features.required", "so it is required"),
+        ("outputs:\n  - name: score\n", "outputs[0]", "has no output 'score'"),
+    ],
+)
+def test_config_checked_against_model(tmp_path, extra, field, words):
+    project, info = _project(tmp_path, extra)
+    with pytest.raises(ConfigError) as err:
+        reconcile(project, info)
+    assert err.value.field == field and words in str(err.value)
+    assert err.value.line is not None
+
+
+def test_config_narrows_dynamic_dims_and_selects_outputs(tmp_path):
+    project, info = _project(tmp_path, "inputs:\n  features: {shape: [8, 4]}\noutputs:\n  probs: {labels: [a, b, c]}\n")
+    sig = reconcile(project, info)
+    assert sig.inputs[0].shape == (8, 4)
+    assert [o.name for o in sig.outputs] == ["probs"] and sig.outputs[0].labels == ("a", "b", "c")
+
+
+def test_omitted_io_comes_from_model(tmp_path):
+    project, info = _project(tmp_path, "")
+    sig = reconcile(project, info)
+    assert sig.inputs == info.inputs and sig.outputs == info.outputs

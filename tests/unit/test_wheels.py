@@ -1,0 +1,69 @@
+import hashlib
+
+import pytest
+
+from gpux_pack import wheels
+from gpux_pack.wheels import Lock, Pin, Target
+
+UV_OUTPUT = """click==8.5.1 \\
+    --hash=sha256:aaa \\
+    --hash=sha256:bbb
+onnxruntime-gpu==1.31.1 \\
+    --hash=sha256:ccc
+nvidia-cudnn-cu13==9.13.0.50 ; platform_machine == 'x86_64' \\
+    --hash=sha256:ddd
+pip==26.3 \\
+    --hash=sha256:eee
+"""
+
+
+def test_parse_uv_lock():
+    pins = wheels._parse_compiled(UV_OUTPUT)
+    assert [(p.name, p.version) for p in pins] == [
+        ("click", "8.5.1"), ("onnxruntime-gpu", "1.31.1"), ("nvidia-cudnn-cu13", "9.13.0.50"), ("pip", "26.3")]
+    assert pins[0].hashes == {"aaa", "bbb"}
+
+
+def _wheel(folder, filename, content: bytes) -> str:
+    (folder / filename).write_bytes(content)
+    return hashlib.sha256(content).hexdigest()
+
+
+def test_cached_wheels_need_no_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUX_PACK_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    h_np = _wheel(folder, "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl", b"np-x86")
+    # same release, other architecture: right name and version, wrong platform
+    h_arm = _wheel(folder, "numpy-2.4.6-cp311-cp311-manylinux_2_27_aarch64.manylinux_2_28_aarch64.whl", b"np-arm")
+    h_pip = _wheel(folder, "pip-26.3-py3-none-any.whl", b"pip")
+    target = Target("3.11", "x86_64", (2, 36))
+    lock = Lock(target, ("numpy",), (Pin("numpy", "2.4.6", frozenset({h_np, h_arm})),), (Pin("pip", "26.3", frozenset({h_pip})),))
+
+    def no_network(*a, **k):
+        raise AssertionError("pip was called although every wheel is cached")
+
+    monkeypatch.setattr(wheels, "_pip_download", no_network)
+    house = wheels.fetch(lock)
+    assert [w.path.name for w in house.wheels] == ["numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"]
+    assert house.lock_text().splitlines()[-1] == f"numpy==2.4.6 --hash=sha256:{h_np}"
+
+
+def test_tampered_cache_is_not_trusted(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUX_PACK_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    _wheel(folder, "pip-26.3-py3-none-any.whl", b"evil")
+    lock = Lock(Target("3.11", "x86_64", (2, 36)), (), (), (Pin("pip", "26.3", frozenset({"0" * 64})),))
+    calls = []
+    monkeypatch.setattr(wheels, "_pip_download", lambda pins, target, folder: calls.append(pins))
+    with pytest.raises(wheels.WheelError, match="no wheel of pip==26.3 fits cp311"):
+        wheels.fetch(lock)
+    assert calls and calls[0][0].name == "pip"
+
+
+def test_resolve_failure_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUX_PACK_CACHE_DIR", str(tmp_path))
+    with pytest.raises(wheels.WheelError, match="cannot resolve the image's wheels for cp311") as err:
+        wheels.resolve(("onnxruntime==0.0.0.999",), Target("3.11", "x86_64", (2, 36)))
+    assert "\n" not in str(err.value) and "onnxruntime" in str(err.value)
