@@ -87,7 +87,7 @@ def build(
     from gpux_pack import pipeline
 
     started = time.perf_counter()
-    ui = Reporter(quiet=quiet or json_out)
+    ui = Reporter(quiet=quiet)  # logs go to stderr in every mode; --json owns stdout
     options = _options(tag, base_image, platform, warmup)
     cli = providers.parse_provider_list(provider)
     loaded = pipeline.load(path)

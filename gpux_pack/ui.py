@@ -52,9 +52,10 @@ class Reporter:
     def step(self, number: int, total: int, text: str) -> None:
         if self.quiet:
             return
-        line = f"step {number}/{total}: {text}"
+        line = f"step {number}/{total}: {' '.join(text.split())}"
         if self._progress is not None:
-            self._progress.update(self._task, description=line[:100], completed=number - 1, total=total)
+            short = line if len(line) <= 56 else line[:55] + "…"
+            self._progress.update(self._task, description=short, completed=number - 1, total=total)
         else:
             print(line, file=sys.stderr, flush=True)
 

@@ -110,3 +110,14 @@ def test_entrypoint_commands(mlp_image, docker_client):
     assert info["execution_providers"]["active"] == ["CPUExecutionProvider"]
     warm = json.loads(docker_client.containers.run(mlp_image["tag"], ["warmup"], remove=True).decode().splitlines()[-1])
     assert warm["warmup"]["state"] == "done"
+
+
+def test_providers_command_reads_this_host(docker_client):
+    proc = run_cli("providers", "--json")
+    assert proc.returncode == 0, proc.stderr
+    table = {p["name"]: p for p in json.loads(proc.stdout)["providers"]}
+    assert set(table) == {"cpu", "cuda", "tensorrt", "rocm", "openvino"}
+    assert table["cpu"]["host_can_run"] is True and table["cpu"]["package"].startswith("onnxruntime==")
+    assert table["openvino"]["host_can_run"] is True
+    gpu = any(r["host_can_run"] for n, r in table.items() if n in ("cuda", "tensorrt"))
+    assert gpu == ("nvidia" in (docker_client.info().get("Runtimes") or {}))
