@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpux_pack import context as contexts
+from gpux_pack.engine import split_ref
 from gpux_pack.errors import BuildError, DockerError
 from gpux_pack.plan import APP_DIR, Plan
 from gpux_pack.ui import Reporter
@@ -81,11 +82,9 @@ def build_image(
                 m = re.match(r"^Successfully built ([0-9a-f]+)$", line)
                 if m and image_id is None:
                     image_id = m[1]
-    except BuildError:
+    except (BuildError, DockerError):
         raise
-    except Exception as e:
-        if isinstance(e, DockerError):
-            raise
+    except Exception as e:  # the engine broke mid-stream (connection lost, daemon restarted)
         raise BuildError(f"the Docker engine failed during the build: {str(e).splitlines()[0][:300]}", instruction, list(tail)) from None
     finally:
         fileobj.close()
@@ -123,8 +122,7 @@ def bake_warmup(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: 
         logs = container.logs().decode("utf-8", "replace").splitlines()
         if result.get("StatusCode") != 0:
             raise BuildError(f"warmup failed in the container (exit {result.get('StatusCode')})", "warmup", logs[-TAIL:])
-        # the runtime user must read the caches; they stay writable for a mounted override only
-        repo, _, tagname = plan.tag.rpartition(":") if ":" in plan.tag.rsplit("/", 1)[-1] else (plan.tag, "", "latest")
+        repo, tagname = split_ref(plan.tag)
         changes = [
             'CMD ["serve"]',
             f"ENV GPUX_CACHE_DIR={cache}",

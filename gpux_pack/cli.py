@@ -56,7 +56,7 @@ def _root(
     pass
 
 
-def _options(tag, base_image, platform, warmup, host_has_gpu=False):
+def _options(tag, base_image, platform, warmup):
     from gpux_pack.plan import Options
 
     if warmup is not None and warmup not in ("auto", "always", "never"):
@@ -66,7 +66,7 @@ def _options(tag, base_image, platform, warmup, host_has_gpu=False):
 
         if platform not in ARCHES:
             raise typer.BadParameter(f"'{platform}' is not one of {', '.join(ARCHES)}", param_hint="--platform")
-    return Options(tag=tag, base_image=base_image, platform=platform, warmup=warmup, host_has_gpu=host_has_gpu)
+    return Options(tag=tag, base_image=base_image, platform=platform, warmup=warmup)
 
 
 @app.command()

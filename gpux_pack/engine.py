@@ -107,7 +107,7 @@ def probe_base(client: Any, image: str, pull: bool, log: Callable[[str], None]) 
         if not pull:
             return None
         log(f"pulling base image {image}")
-        repo, tag = _split_ref(image)
+        repo, tag = split_ref(image)
         try:
             client.api.pull(repo, tag=tag)
             img = client.images.get(image)
@@ -154,7 +154,7 @@ def _run_probe(client: Any, image: str) -> dict[str, Any]:
         raise UsageError(f"{image}: cannot read its Python version") from None
 
 
-def _split_ref(ref: str) -> tuple[str, str]:
+def split_ref(ref: str) -> tuple[str, str]:
     if "@" in ref:
         repo, digest = ref.split("@", 1)
         return repo, digest

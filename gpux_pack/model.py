@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,6 @@ class ModelInfo:
     producer: str
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def inspect_model(path: Path, display: str | None = None) -> ModelInfo:

@@ -107,7 +107,6 @@ class Served:
 @contextmanager
 def serve(image: str, port: int = 8080, ready: bool = True, **kwargs):
     """Start the image with testcontainers; wait until /v2/health/ready answers 200."""
-    import requests
     from testcontainers.core.container import DockerContainer
 
     tmpfs = kwargs.pop("tmpfs", {})
