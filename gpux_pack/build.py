@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpux_pack import context as contexts
@@ -19,6 +19,7 @@ from gpux_pack.plan import APP_DIR, Plan
 from gpux_pack.ui import Reporter
 
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # the classic builder colours a step's stderr
 TAIL = 25
 
 
@@ -40,8 +41,23 @@ def build_image(
     no_cache: bool = False,
     tag: bool = True,
 ) -> BuiltImage:
+    """A model image; untagged when a baked warmup will commit and tag it."""
+    built = build_context(client, ctx, plan.tag if tag else None, ui, no_cache, plan.platform,
+                          title=f"building {plan.tag} ({plan.provider.name}, {ctx.size_bytes / 1e6:.0f} MB context)")
+    return built if tag else replace(built, tag=plan.tag)
+
+
+def build_context(
+    client: Any,
+    ctx: contexts.Context,
+    tag: str | None,
+    ui: Reporter,
+    no_cache: bool = False,
+    platform: str | None = None,
+    title: str | None = None,
+) -> BuiltImage:
     started = time.perf_counter()
-    ui.start(f"building {plan.tag} ({plan.provider.name}, {ctx.size_bytes / 1e6:.0f} MB context)")
+    ui.start(title or f"building {tag} ({ctx.size_bytes / 1e6:.0f} MB context)")
     tail: deque[str] = deque(maxlen=TAIL)
     step, total, cached, image_id = 0, 0, 0, None
     instruction = ""
@@ -51,22 +67,21 @@ def build_image(
             fileobj=fileobj,
             custom_context=True,
             encoding=None,
-            tag=plan.tag if tag else None,
+            tag=tag,
             rm=True,
             forcerm=True,
             pull=False,
             nocache=no_cache,
             decode=True,
-            platform=plan.platform,
+            platform=platform,
         )
         for event in stream:
             if "error" in event or "errorDetail" in event:
                 message = (event.get("errorDetail") or {}).get("message") or event.get("error", "")
-                where = f"step {step}/{total} ({instruction})" if step else "the build"
-                raise BuildError(f"{where} failed: {message.strip()}", instruction, list(tail))
+                raise _failure(message, step, total, instruction, list(tail))
             if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
                 image_id = event["aux"]["ID"]
-            text = event.get("stream") or event.get("status") or ""
+            text = _ANSI.sub("", event.get("stream") or event.get("status") or "")
             for line in text.splitlines():
                 line = line.rstrip()
                 m = _STEP.match(line)
@@ -93,13 +108,25 @@ def build_image(
         raise BuildError("the build ended without an image", instruction, list(tail))
     image = client.images.get(image_id)
     return BuiltImage(
-        tag=plan.tag,
+        tag=tag or "",
         id=image.id,
         size_bytes=image.attrs.get("Size", 0),
         seconds=time.perf_counter() - started,
         steps=total,
         cached_steps=cached,
     )
+
+
+def _failure(message: str, step: int, total: int, instruction: str, tail: list[str]) -> BuildError:
+    """First line: which step, its exit code, and the step's own last words (the link check's
+    verdict, pip's error) rather than Docker's echo of the whole command."""
+    code = re.search(r"returned a non-zero code: (\d+)", message)
+    reason = tail[-1].strip() if tail and code else message.strip()
+    where = f"step {step}/{total}" if step else "the build"
+    exit_code = f" (exit {code[1]})" if code else ""
+    short = " ".join(instruction.split())
+    short = short if len(short) <= 100 else short[:99] + "…"
+    return BuildError(f"{where} failed{exit_code}: {reason}\n  in: {short}", instruction, tail)
 
 
 def bake_warmup(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: bool) -> BuiltImage:

@@ -99,19 +99,27 @@ def build(
     if (warmup or loaded.project.config.pack.warmup) != "never" and "tensorrt" in decision.providers:
         options = replace(options, host_has_gpu=engine.host_info(client).nvidia)
     host_gpu = options.host_has_gpu
-    results = []
+    results, failures = [], []
     for name in decision.providers:
-        prepared = pipeline.prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
-        plan = prepared.plan
-        baked = plan.warmup == "baked"
-        built = building.build_image(client, prepared.context, plan, ui, no_cache=no_cache, tag=not baked)
-        if baked:
-            built = building.bake_warmup(client, built, plan, ui, gpus=host_gpu and plan.provider.device == "nvidia")
-        results.append((plan, prepared, built))
-    _summary(results, json_out, time.perf_counter() - started)
+        try:
+            prepared = pipeline.prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
+            plan = prepared.plan
+            baked = plan.warmup == "baked"
+            built = building.build_image(client, prepared.context, plan, ui, no_cache=no_cache, tag=not baked)
+            if baked:
+                built = building.bake_warmup(client, built, plan, ui, gpus=host_gpu and plan.provider.device == "nvidia")
+            results.append((plan, prepared, built))
+        except PackError as e:
+            if len(decision.providers) == 1:
+                raise
+            failures.append((name, e))
+            _print_error(e, prefix=f"{name}: ")
+    _summary(results, failures, json_out, time.perf_counter() - started)
+    if failures:
+        raise typer.Exit(max(e.exit_code for _, e in failures))
 
 
-def _summary(results: list[Any], json_out: bool, seconds: float) -> None:
+def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: float) -> None:
     rows = []
     for plan, prepared, built in results:
         rows.append(
@@ -122,23 +130,38 @@ def _summary(results: list[Any], json_out: bool, seconds: float) -> None:
                 "provider": plan.provider.name,
                 "reason": plan.reason,
                 "base_image": plan.base.image,
+                "runtime_base": prepared.wheelhouse is None,
                 "platform": plan.platform,
                 "python": plan.base.python,
-                "onnxruntime": prepared.wheelhouse.lock.version_of(plan.provider.ort_dist),
+                "onnxruntime": prepared.lock.version_of(plan.provider.ort),
                 "warmup": plan.warmup,
                 "seconds": round(built.seconds, 2),
                 "steps": built.steps,
                 "cached_steps": built.cached_steps,
             }
         )
+    failed = [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in failures]
     if json_out:
-        print(json.dumps({"images": rows, "seconds": round(seconds, 2)}, indent=2))
+        print(json.dumps({"images": rows, "failed": failed, "seconds": round(seconds, 2)}, indent=2))
         return
-    for r in rows:
+    if len(rows) + len(failed) == 1 and rows:
+        r = rows[0]
         print(
             f"built {r['tag']}  {r['id'][7:19]}  {r['size_bytes'] / 1e6:.0f} MB  {r['provider']}"
             f"  {r['seconds']:.1f}s ({r['cached_steps']}/{r['steps']} steps cached)"
         )
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} built, {len(failed)} failed, {seconds:.1f}s")
+    for col in ("provider", "tag", "image", "size", "onnxruntime", "seconds", "result"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(escape(c) for c in (r["provider"], r["tag"], r["id"][7:19], f"{r['size_bytes'] / 1e6:.0f} MB",
+                                             r["onnxruntime"] or "", f"{r['seconds']:.1f}", "ok")))
+    for f in failed:
+        table.add_row(escape(f["provider"]), "", "", "", "", "", escape(f"failed: {f['error'][:100]}"))
+    _console().print(table)
 
 
 @app.command()
@@ -180,19 +203,17 @@ def providers_cmd(json_out: bool = typer.Option(False, "--json", help="Machine-r
     host = engine.host_info(client) if client is not None else None
     rows = []
     for p in providers.PROVIDERS.values():
-        if host is None:
-            ok, why = (None, "Docker engine not reachable")
-        else:
-            ok, why = host.can_run(p)
+        ok, why = (None, "Docker engine not reachable") if host is None else host.can_run(p)
         rows.append({
             "name": p.name, "title": p.title, "package": p.package, "base_image": p.base_image,
-            "python": p.python, "execution_providers": list(p.execution_providers),
-            "platforms": list(p.platforms), "host_can_run": ok, "why": why,
+            "vendor_base_image": p.bases["vendor"].image if "vendor" in p.bases else None,
+            "python": p.bases["default"].python, "execution_providers": list(p.execution_providers),
+            "platforms": list(p.platforms), "docker_run": p.run_flags, "cuda12": _cuda12(p.name),
+            "host_can_run": ok, "why": why,
         })  # fmt: skip
     if json_out:
         print(json.dumps({"host": host.details if host else None, "providers": rows}, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"Docker host: {host.details if host else 'not reachable'}")
@@ -200,8 +221,100 @@ def providers_cmd(json_out: bool = typer.Option(False, "--json", help="Machine-r
         table.add_column(col)
     for r in rows:
         runs = "?" if r["host_can_run"] is None else ("yes" if r["host_can_run"] else "no")
-        table.add_row(r["name"], r["package"], r["base_image"], runs, r["why"])
-    Console().print(table)
+        table.add_row(*(escape(str(c)) for c in (r["name"], r["package"], r["base_image"], runs, r["why"])))
+    _console().print(table)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _console():
+    """stdout; as wide as the terminal, or 160 columns in logs and pipes."""
+    from rich.console import Console
+
+    console = Console(soft_wrap=True)
+    return console if console.is_terminal else Console(width=160)
+
+
+def _cuda12(name: str) -> str | None:
+    return providers.get(name, cuda="12").package if name in providers.CUDA12 else None
+
+
+base_app = typer.Typer(help="Runtime base images: a provider's wheels and runtime, without a model.",
+                       no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(base_app, name="base")
+BaseProviderOpt = typer.Option(..., "--provider", "-p", help="cpu, cuda, tensorrt, rocm, migraphx, openvino.")
+CudaOpt = typer.Option("13", "--cuda", help="CUDA major version for cuda/tensorrt: 13 or 12.")
+NvidiaLibsOpt = typer.Option(None, "--nvidia-libs", help="wheels | base: where CUDA/cuDNN come from.")
+LinkCheckOpt = typer.Option(True, "--link-check/--no-link-check", help="Check the provider's libraries at build time.")
+
+
+def _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_check, client, ui, refresh):
+    from gpux_pack import pipeline
+
+    [name] = providers.parse_provider_list(provider) or ["?"]
+    if name == "auto" or name == "?":
+        raise typer.BadParameter("name one provider", param_hint="--provider")
+    if cuda not in ("12", "13"):
+        raise typer.BadParameter(f"'{cuda}' is not 13 or 12", param_hint="--cuda")
+    if nvidia_libs not in (None, "wheels", "base"):
+        raise typer.BadParameter(f"'{nvidia_libs}' is not wheels or base", param_hint="--nvidia-libs")
+    return pipeline.prepare_runtime(name, cuda, base_image, platform, nvidia_libs, link_check, client, ui,
+                                    pull=client is not None, refresh=refresh)
+
+
+@base_app.command("build")
+def base_build(
+    provider: str = BaseProviderOpt,
+    base_image: Optional[str] = BaseOpt,
+    platform: Optional[str] = PlatformOpt,
+    cuda: str = CudaOpt,
+    nvidia_libs: Optional[str] = NvidiaLibsOpt,
+    link_check: bool = LinkCheckOpt,
+    no_cache: bool = typer.Option(False, "--no-cache"),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    json_out: bool = typer.Option(False, "--json"),
+    refresh: bool = RefreshOpt,
+) -> None:
+    """Build a provider's runtime base image; `build` then adds only the model on top of it."""
+    from gpux_pack import build as building
+
+    ui = Reporter(quiet=quiet)
+    _options(None, base_image, platform, None)
+    client = engine.connect()
+    prepared = _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_check, client, ui, refresh)
+    built = building.build_context(client, prepared.context, prepared.tag, ui, no_cache=no_cache, platform=platform)
+    if json_out:
+        print(json.dumps({"tag": built.tag, "id": built.id, "size_bytes": built.size_bytes,
+                          "provider": prepared.provider.name, "seconds": round(built.seconds, 2)}, indent=2))
+    else:
+        print(f"built {built.tag}  {built.id[7:19]}  {built.size_bytes / 1e6:.0f} MB  {built.seconds:.1f}s")
+
+
+@base_app.command("render")
+def base_render(
+    provider: str = BaseProviderOpt,
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write the Dockerfile and context to."),
+    base_image: Optional[str] = BaseOpt,
+    platform: Optional[str] = PlatformOpt,
+    cuda: str = CudaOpt,
+    nvidia_libs: Optional[str] = NvidiaLibsOpt,
+    link_check: bool = LinkCheckOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    refresh: bool = RefreshOpt,
+) -> None:
+    """Write a runtime base image's Dockerfile and context."""
+    from gpux_pack import context as contexts
+
+    ui = Reporter(quiet=quiet)
+    _options(None, base_image, platform, None)
+    prepared = _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_check,
+                                engine.try_connect(), ui, refresh)
+    contexts.write(prepared.context, output)
+    print(f"wrote {output}/Dockerfile; build it with: docker build -t {prepared.tag} {output}")
 
 
 @app.command()
@@ -227,20 +340,22 @@ def schema() -> None:
     print(json.dumps(json_schema(), indent=2))
 
 
+def _print_error(e: PackError, prefix: str = "") -> None:
+    """One line; a failed build adds the end of the failing step's output."""
+    print(f"error: {prefix}{e}", file=sys.stderr)
+    if isinstance(e, BuildError) and e.log_tail:
+        print("last lines of its output:", file=sys.stderr)
+        for line in e.log_tail:
+            print(f"  | {line}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and an exit code."""
     err = sys.stderr
     try:
-        app(args=argv, standalone_mode=False, prog_name="gpux-pack")
-    except BuildError as e:
-        print(f"error: {e}", file=err)
-        if e.log_tail:
-            print("last lines of its output:", file=err)
-            for line in e.log_tail:
-                print(f"  | {line}", file=err)
-        sys.exit(e.exit_code)
+        code = app(args=argv, standalone_mode=False, prog_name="gpux-pack")
     except PackError as e:
-        print(f"error: {e}", file=err)
+        _print_error(e)
         sys.exit(e.exit_code)
     except click_errors.UsageError as e:
         if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
@@ -254,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=err)
         sys.exit(130)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)  # click returns typer.Exit's code here
 
 
 if __name__ == "__main__":

@@ -29,14 +29,14 @@ from pydantic import (
 )
 
 from gpux_pack.errors import ConfigError, UsageError
-from gpux_pack.providers import NOT_FOR_LINUX, PROVIDERS
+from gpux_pack.providers import NOT_FOR_LINUX, PROVIDERS, SHORT_NAMES
 from gpux_pack.runtime.dtypes import DTYPES, canonical
 
 CONFIG_NAMES = ("gpux.yml", "gpux.yaml")
-ProviderName = Literal["auto", "cpu", "cuda", "tensorrt", "rocm", "openvino"]
+ProviderName = Literal["auto", "cpu", "cuda", "tensorrt", "rocm", "migraphx", "openvino"]
 Backend = Literal[
-    "auto", "cpu", "cuda", "tensorrt", "rocm", "openvino", "coreml", "directml", "metal", "dx12",
-    "vulkan",
+    "auto", "cpu", "cuda", "tensorrt", "rocm", "migraphx", "openvino", "coreml", "directml", "metal",
+    "dx12", "vulkan",
 ]  # fmt: skip
 
 
@@ -242,6 +242,21 @@ class PackSection(_Section):
     warmup: Literal["auto", "always", "never"] = "auto"
     tensorrt: TensorRTSection = TensorRTSection()
     labels: dict[str, Text] = {}
+    cuda: Annotated[Literal["12", "13"], BeforeValidator(_to_str)] = Field(
+        "13", description="CUDA major version of the cuda/tensorrt images (ONNX Runtime <= 1.26 for 12)"
+    )
+    nvidia_libs: Literal["wheels", "base"] | None = Field(
+        None,
+        description="Where CUDA/cuDNN come from: NVIDIA's PyPI wheels, or the base image (vendor bases, "
+        "Jetson). Default: what the base image calls for.",
+    )
+    link_check: bool = Field(
+        True, description="Check at build time that the provider's shared libraries resolve in the image"
+    )
+    device_id: int = Field(0, ge=0, description="GPU the CUDA/TensorRT/ROCm/MIGraphX provider uses")
+    provider_options: dict[str, dict[str, Union[str, int, float, bool]]] = Field(
+        {}, description="Extra ONNX Runtime provider options, by provider (cuda: {cudnn_conv_algo_search: HEURISTIC})"
+    )
 
     @field_validator("base_image")
     @classmethod
@@ -249,6 +264,14 @@ class PackSection(_Section):
         for key in v:
             if key != "*" and key not in PROVIDERS:
                 raise ValueError(f"unknown provider '{key}'{_hint(key, PROVIDERS)}")
+        return v
+
+    @field_validator("provider_options")
+    @classmethod
+    def _known_eps(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for key in v:
+            if key not in SHORT_NAMES and key not in SHORT_NAMES.values():
+                raise ValueError(f"unknown provider '{key}'{_hint(key, [*SHORT_NAMES, *SHORT_NAMES.values()])}")
         return v
 
     @field_validator("tag")

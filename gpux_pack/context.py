@@ -18,7 +18,6 @@ from typing import IO
 
 from gpux_pack.errors import UsageError
 from gpux_pack.plan import Plan
-from gpux_pack.render import pip_wheel_name
 from gpux_pack.wheels import Wheelhouse
 
 MTIME = 315532800  # 1980-01-01: fixed, and valid in every archive format
@@ -53,21 +52,34 @@ class Context:
         return sorted(out)
 
 
-def assemble(plan: Plan, wheelhouse: Wheelhouse, dockerfile: str, runtime_json: dict) -> Context:
+def assemble(plan: Plan, wheelhouse: Wheelhouse | None, dockerfile: str, runtime_json: dict) -> Context:
+    """A model image's context; without a wheelhouse it builds on a runtime base image."""
     entries = [
         Entry("Dockerfile", data=dockerfile.encode()),
         Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
         Entry("gpux.json", data=(json.dumps(runtime_json, indent=2, sort_keys=True) + "\n").encode()),
-        Entry("wheels/requirements.lock", data=wheelhouse.lock_text().encode()),
     ]
-    entries += [Entry(f"wheels/{w.path.name}", source=w.path) for w in wheelhouse.wheels]
-    pip = next(w for w in wheelhouse.tools if w.pin.name == "pip")
-    entries.append(Entry(f"tools/{pip_wheel_name(wheelhouse.lock)}", source=pip.path))
-    for src in sorted(RUNTIME_SRC.glob("*.py")):
-        entries.append(Entry(f"runtime/gpux_runtime/{src.name}", source=src))
+    if wheelhouse is not None:
+        entries += _runtime_entries(wheelhouse)
     folder = plan.model.path.parent
     entries += [Entry(f"model/{name}", source=folder / name) for name in plan.model.files]
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
+
+
+def assemble_runtime(wheelhouse: Wheelhouse, dockerfile: str) -> Context:
+    """A runtime base image's context: wheels, pip and the runtime, no model."""
+    entries = [Entry("Dockerfile", data=dockerfile.encode()), Entry(MARKER, data=b"runtime\n")]
+    entries += _runtime_entries(wheelhouse)
+    return Context(tuple(sorted(entries, key=lambda e: e.name)))
+
+
+def _runtime_entries(wheelhouse: Wheelhouse) -> list[Entry]:
+    entries = [Entry("wheels/requirements.lock", data=wheelhouse.lock_text().encode())]
+    entries += [Entry(f"wheels/{w.path.name}", source=w.path) for w in wheelhouse.wheels]
+    pip = next(w for w in wheelhouse.tools if w.pin.name == "pip")
+    entries.append(Entry("tools/pip.whl", source=pip.path))  # a fixed name: Dockerfiles need no lock
+    entries += [Entry(f"runtime/gpux_runtime/{src.name}", source=src) for src in sorted(RUNTIME_SRC.glob("*.py"))]
+    return entries
 
 
 def tar(ctx: Context) -> IO[bytes]:

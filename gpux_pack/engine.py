@@ -169,6 +169,18 @@ def split_ref(ref: str) -> tuple[str, str]:
 # images
 
 
+def image_exists(client: Any, ref: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    except docker.errors.APIError as e:
+        raise DockerError(f"cannot inspect {ref}: {_short(e)}") from None
+
+
 def image_labels(client: Any, ref: str) -> dict[str, Any]:
     import docker
 

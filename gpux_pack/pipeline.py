@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from gpux_pack import context as contexts
 from gpux_pack import engine, providers, render, wheels
 from gpux_pack.config import Project, load_project
 from gpux_pack.model import ModelInfo, Signature, inspect_model, reconcile
-from gpux_pack.plan import Options, Plan, assumed_base, base_image_for, make_plan, runtime_config
+from gpux_pack.plan import BaseImage, Options, Plan, assumed_base, base_spec_for, make_plan, runtime_config
 from gpux_pack.ui import Reporter
 
 
@@ -25,7 +26,8 @@ class Loaded:
 @dataclass(frozen=True)
 class Prepared:
     plan: Plan
-    wheelhouse: wheels.Wheelhouse
+    wheelhouse: wheels.Wheelhouse | None  # None: built on a runtime base image
+    lock: wheels.Lock
     dockerfile: str
     context: contexts.Context
 
@@ -59,6 +61,21 @@ def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Rep
     return decision
 
 
+def plan_for(
+    loaded: Loaded, provider_name: str, reason: str, options: Options, client: Any | None, ui: Reporter, pull: bool
+) -> Plan:
+    """The plan for one provider. With an engine, the base image's facts are read from the
+    image itself; without one (render, unit tests), the provider table's facts are assumed."""
+    project = loaded.project
+    provider = providers.get(provider_name, cuda=project.config.pack.cuda)
+    spec = base_spec_for(project, provider, options)
+    base = engine.probe_base(client, spec.image, pull=pull, log=ui.info) if client is not None else None
+    if base is None:
+        base = assumed_base(project, spec, options.platform)
+        ui.info(f"base image {spec.image} not inspected: assuming Python {base.python}, glibc {base.glibc[0]}.{base.glibc[1]}")
+    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options, spec)
+
+
 def prepare(
     loaded: Loaded,
     provider_name: str,
@@ -69,18 +86,64 @@ def prepare(
     pull: bool,
     refresh: bool = False,
 ) -> Prepared:
-    provider = providers.get(provider_name)
-    image = base_image_for(loaded.project, provider, options)
-    base = engine.probe_base(client, image, pull=pull, log=ui.info) if client is not None else None
-    if base is None:
-        base = assumed_base(loaded.project, provider, image, options.platform)
-        ui.info(f"base image {image} not inspected: assuming Python {base.python}, glibc {base.glibc[0]}.{base.glibc[1]}")
-    plan = make_plan(loaded.project, loaded.model, loaded.signature, provider, reason, base, options)
+    plan = plan_for(loaded, provider_name, reason, options, client, ui, pull)
     ui.info(f"resolving wheels for {plan.target.describe()}")
     lock = wheels.resolve(plan.requirements, plan.target, refresh=refresh)
+    ort_version = lock.version_of(plan.provider.ort) or "unknown"
+    spec = runtime_config(plan, providers.session_providers(plan.provider, loaded.project.config), ort_version)
+    runtime = runtime_image(plan.provider, plan.base_spec, plan.link_check, lock)
+    if client is not None and engine.image_exists(client, runtime):
+        ui.info(f"building on the runtime base image {runtime}")
+        dockerfile = render.dockerfile(plan, lock, runtime_image=runtime)
+        return Prepared(plan, None, lock, dockerfile, contexts.assemble(plan, None, dockerfile, spec))
     wheelhouse = wheels.fetch(lock, log=ui.info)
-    ort_version = lock.version_of(provider.ort_dist) or "unknown"
     dockerfile = render.dockerfile(plan, lock)
-    spec = runtime_config(plan, providers.session_providers(provider, loaded.project.config), ort_version)
-    ctx = contexts.assemble(plan, wheelhouse, dockerfile, spec)
-    return Prepared(plan, wheelhouse, dockerfile, ctx)
+    return Prepared(plan, wheelhouse, lock, dockerfile, contexts.assemble(plan, wheelhouse, dockerfile, spec))
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime base images: a provider's wheels and runtime, without a model
+
+
+def runtime_image(provider: providers.Provider, base: providers.Base, link_check: bool, lock: wheels.Lock) -> str:
+    """Tag of the runtime base image that fits this lock: a digest of everything inside it."""
+    h = hashlib.sha256()
+    h.update(render.runtime_dockerfile(provider, base, link_check).encode())
+    h.update(lock.target.describe().encode())
+    for pin in (*lock.pins, *lock.tools):
+        h.update(f"{pin.name}=={pin.version}\n".encode())
+    for src in sorted(contexts.RUNTIME_SRC.glob("*.py")):
+        h.update(src.read_bytes())
+    version = lock.version_of(provider.ort) or provider.version
+    return f"gpux-pack/runtime-{provider.name}:{version}-{h.hexdigest()[:12]}"
+
+
+@dataclass(frozen=True)
+class PreparedRuntime:
+    provider: providers.Provider
+    tag: str
+    wheelhouse: wheels.Wheelhouse
+    dockerfile: str
+    context: contexts.Context
+
+
+def prepare_runtime(
+    provider_name: str, cuda: str, base_choice: str | None, platform: str | None, nvidia_libs: str | None,
+    link_check: bool, client: Any | None, ui: Reporter, pull: bool, refresh: bool = False,
+) -> PreparedRuntime:
+    provider = providers.get(provider_name, cuda=cuda)
+    spec = providers.base_for(provider, base_choice)
+    if nvidia_libs:
+        spec = replace(spec, nvidia_libs=nvidia_libs)
+    base = engine.probe_base(client, spec.image, pull=pull, log=ui.info) if client is not None else None
+    if base is None:
+        from gpux_pack.wheels import ARCHES
+
+        base = BaseImage(spec.image, spec.python, spec.glibc, ARCHES.get(platform or "linux/amd64", "x86_64"), False)
+    target = wheels.Target(base.python, base.arch, base.glibc)
+    ui.info(f"resolving wheels for {target.describe()}")
+    lock = wheels.resolve(provider.requirements(spec.nvidia_libs), target, refresh=refresh)
+    wheelhouse = wheels.fetch(lock, log=ui.info)
+    tag = runtime_image(provider, spec, link_check, lock)
+    dockerfile = render.runtime_dockerfile(provider, spec, link_check, tag=tag)
+    return PreparedRuntime(provider, tag, wheelhouse, dockerfile, contexts.assemble_runtime(wheelhouse, dockerfile))

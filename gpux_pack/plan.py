@@ -15,7 +15,7 @@ from gpux_pack import __version__
 from gpux_pack.config import Project
 from gpux_pack.errors import UsageError
 from gpux_pack.model import ModelInfo, Signature
-from gpux_pack.providers import Provider
+from gpux_pack.providers import Base, Provider, base_for
 from gpux_pack.wheels import ARCHES, Target
 
 APP_DIR = "/opt/gpux"
@@ -54,10 +54,13 @@ class Plan:
     provider: Provider
     reason: str
     base: BaseImage
+    base_spec: Base  # what the table knows of the base: Python shipped? system packages?
     platform: str
     tag: str
     warmup: str  # none | at-start | baked
     created: str
+    nvidia_libs: str  # wheels | base
+    link_check: bool
 
     @property
     def name(self) -> str:
@@ -73,23 +76,25 @@ class Plan:
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        return (*self.provider.requirements, *self.project.config.pack.requirements)
+        return (*self.provider.requirements(self.nvidia_libs), *self.project.config.pack.requirements)
 
     @property
     def port(self) -> int:
         return self.project.config.serving.port
 
 
-def base_image_for(project: Project, provider: Provider, options: Options) -> str:
+def base_spec_for(project: Project, provider: Provider, options: Options) -> Base:
+    """--base-image, else pack.base_image for this provider or for all, else the table's
+    default. "vendor" names the provider's vendor image from the table."""
     images = project.config.pack.base_image
-    return options.base_image or images.get(provider.name) or images.get("*") or provider.base_image
+    return base_for(provider, options.base_image or images.get(provider.name) or images.get("*"))
 
 
-def assumed_base(project: Project, provider: Provider, image: str, platform: str | None) -> BaseImage:
-    """What to assume of a base image that could not be inspected."""
+def assumed_base(project: Project, spec: Base, platform: str | None) -> BaseImage:
+    """What to assume of a base image that could not be inspected: the table's facts."""
     arch = ARCHES.get(platform or "linux/amd64", "x86_64")
-    python = project.config.pack.python or _python_from_tag(image) or provider.python
-    return BaseImage(image, python, provider.min_glibc, arch, probed=False)
+    python = project.config.pack.python or _python_from_tag(spec.image) or spec.python
+    return BaseImage(spec.image, python, spec.glibc, arch, probed=False)
 
 
 def _python_from_tag(image: str) -> str | None:
@@ -105,12 +110,20 @@ def make_plan(
     reason: str,
     base: BaseImage,
     options: Options,
+    spec: Base | None = None,
 ) -> Plan:
     cfg = project.config
+    spec = spec or base_spec_for(project, provider, options)
     if cfg.pack.python and base.probed and cfg.pack.python != base.python:
         raise project.error(("pack", "python"), f"is {cfg.pack.python} but {base.image} has Python {base.python}")
-    if tuple(int(p) for p in base.python.split(".")) < (3, 11):
+    version = _version(base.python)
+    if version < (3, 11):
         raise UsageError(f"{base.image} has Python {base.python}; the image's runtime needs Python 3.11 or newer")
+    low, high = provider.python
+    if not _version(low) <= version <= _version(high):
+        raise UsageError(
+            f"{base.image} has Python {base.python}; {provider.ort} {provider.version} has wheels for Python {low} to {high}"
+        )
     if base.glibc < provider.min_glibc:
         need = ".".join(map(str, provider.min_glibc))
         raise UsageError(
@@ -126,11 +139,18 @@ def make_plan(
         provider=provider,
         reason=reason,
         base=base,
+        base_spec=spec,
         platform=platform,
         tag=image_tag(project, provider.name, options.tag),
         warmup=warmup_mode(options.warmup or cfg.pack.warmup, provider, options.host_has_gpu),
         created=_created(),
+        nvidia_libs=cfg.pack.nvidia_libs or spec.nvidia_libs,
+        link_check=cfg.pack.link_check,
     )
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
 
 
 def warmup_mode(setting: str, provider: Provider, host_has_gpu: bool) -> str:
@@ -223,6 +243,14 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
         "outputs": [t.to_json() for t in plan.signature.outputs],
         "provider": plan.provider.name,
         "execution_providers": execution_providers,
+        # to explain a fallback: the provider's libraries, and what `docker run` needs for its device
+        "libraries": {
+            "libs": list(plan.provider.libraries),
+            "dlopen": list(plan.provider.dlopen),
+            "dirs": list(plan.provider.library_dirs),
+            "driver": list(plan.provider.driver_libs),
+        },
+        "run_flags": plan.provider.run_flags,
         "onnxruntime": ort_version,
         "warmup": plan.warmup,
         "warmup_profiles": profiles,

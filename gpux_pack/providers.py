@@ -1,44 +1,98 @@
 """The execution-provider table, and the choice of a provider for a build.
 
-A provider is data: one `Provider` row plus a small template in templates/. Versions live here,
-not in templates, so a new ONNX Runtime release is a one-line change.
+A provider is data: one `Provider` row plus a small template in templates/. Versions, base
+images and libraries live here, not in templates, so a new ONNX Runtime release is a one-line
+change. Facts are from the wheels' METADATA and `readelf -d` of their provider libraries
+(Nov 2026); none of the GPU rows has run on a GPU in this project's CI.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpux_pack.errors import UsageError
 
 # What the image's runtime imports besides onnxruntime (kept tiny: the runtime is slim).
 RUNTIME_REQUIREMENTS: tuple[str, ...] = ("numpy>=1.26", "uvicorn>=0.30,<1")
 
+CACHE = "${GPUX_CACHE_DIR}"  # expanded by the runtime: the container's own cache dir
+NVIDIA_DRIVER = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvcuvid.so.1", "libnvidia-ptxjitcompiler.so.1")
+NVIDIA_WHEEL_LIBS = ("nvidia/*/lib", "tensorrt_libs")  # nvidia/cu13/lib, nvidia/cudnn/lib, ...
+
+
+@dataclass(frozen=True)
+class Base:
+    """A base image a provider can build on."""
+
+    image: str
+    python: str  # its Python, for locking wheels when the image cannot be inspected
+    glibc: tuple[int, int]
+    has_python: bool = True  # else python3 is installed with apt (vendor CUDA images)
+    nvidia_libs: str = "wheels"  # "base": CUDA/cuDNN ship with the image, not as wheels
+    system_packages: tuple[str, ...] = ()  # apt packages the provider needs on this base
+
+    def packages(self, stage: str) -> tuple[str, ...]:
+        """apt packages for the deps stage (which makes the venv) or the final stage."""
+        python = () if self.has_python else (("python3", "python3-venv") if stage == "deps" else ("python3",))
+        return (*python, *self.system_packages)
+
 
 @dataclass(frozen=True)
 class Provider:
     name: str
     title: str
-    package: str  # the ORT requirement, pinned: the lock is reproducible only if this is
-    ort_dist: str  # distribution name to read the locked ORT version from
-    base_image: str  # default base; --base-image / pack.base_image replace it
-    python: str  # Python of the default base image (wheels are resolved for it)
-    min_glibc: tuple[int, int]  # the ORT wheel's manylinux floor
+    ort: str  # the ONNX Runtime distribution
+    version: str  # pinned: the lock is reproducible only if this is
+    python: tuple[str, str]  # Python versions the wheel exists for (inclusive)
+    min_glibc: tuple[int, int]  # the wheel's manylinux floor
     platforms: tuple[str, ...]
-    execution_providers: tuple[str, ...]  # ORT EP names, in preference order, CPU last
-    device: str | None = None  # accelerator the container needs at run time: nvidia | amd | intel
+    execution_providers: tuple[str, ...]  # preference order, CPU last
+    bases: dict[str, Base]  # "default" and, for GPUs, the vendor's own image ("vendor")
+    options: dict[str, dict[str, str]] = field(default_factory=dict)  # EP -> option defaults
+    extras: tuple[str, ...] = ()  # ORT extras that bring NVIDIA's runtime wheels
     extra_requirements: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()  # provider libraries (in onnxruntime/capi) to link-check
+    dlopen: tuple[str, ...] = ()  # loaded at run time by name: must resolve too
+    library_dirs: tuple[str, ...] = ()  # site-packages globs the runtime preloads from
+    driver_libs: tuple[str, ...] = ()  # come from the host's driver at `docker run`
+    device: str | None = None  # nvidia | amd | intel
+    run_flags: str = ""  # what `docker run` needs for the device
+    cuda: str | None = None  # CUDA major version of this flavour
+    link_hint: str = ""  # what to do when the link check fails
     template: str = ""
-    notes: str = ""
-    libraries: tuple[str, ...] = field(default=())  # shared libraries the EP must resolve
+
+    def requirement(self, nvidia_libs: str = "wheels") -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras and nvidia_libs == "wheels" else ""
+        return f"{self.ort}{extras}=={self.version}"
+
+    def requirements(self, nvidia_libs: str = "wheels") -> tuple[str, ...]:
+        return (self.requirement(nvidia_libs), *self.extra_requirements, *RUNTIME_REQUIREMENTS)
 
     @property
-    def requirements(self) -> tuple[str, ...]:
-        return (self.package, *self.extra_requirements, *RUNTIME_REQUIREMENTS)
+    def package(self) -> str:
+        return self.requirement()
+
+    @property
+    def base_image(self) -> str:
+        return self.bases["default"].image
 
     @property
     def template_name(self) -> str:
         return self.template or f"{self.name}.Dockerfile.j2"
 
+
+_CUDA_OPTIONS = {"device_id": "0", "arena_extend_strategy": "kNextPowerOfTwo", "cudnn_conv_algo_search": "EXHAUSTIVE"}
+_TRT_OPTIONS = {
+    "device_id": "0",
+    "trt_fp16_enable": "false",
+    "trt_int8_enable": "false",
+    "trt_engine_cache_enable": "true",
+    "trt_engine_cache_path": f"{CACHE}/tensorrt",
+    "trt_timing_cache_enable": "true",
+    "trt_timing_cache_path": f"{CACHE}/tensorrt",
+}
+_UBUNTU_2404 = (2, 39)
 
 PROVIDERS: dict[str, Provider] = {
     p.name: p
@@ -46,70 +100,133 @@ PROVIDERS: dict[str, Provider] = {
         Provider(
             name="cpu",
             title="CPU",
-            package="onnxruntime==1.31.1",
-            ort_dist="onnxruntime",
-            base_image="python:3.11-slim",
-            python="3.11",
+            ort="onnxruntime",
+            version="1.31.1",
+            python=("3.11", "3.14"),
             min_glibc=(2, 28),
             platforms=("linux/amd64", "linux/arm64"),
             execution_providers=("CPUExecutionProvider",),
+            bases={"default": Base("python:3.11-slim", "3.11", (2, 36))},
+            libraries=("libonnxruntime_providers_shared.so",),
         ),
         Provider(
             name="cuda",
             title="NVIDIA CUDA 13",
-            package="onnxruntime-gpu[cuda,cudnn]==1.31.1",
-            ort_dist="onnxruntime-gpu",
-            base_image="python:3.11-slim",
-            python="3.11",
+            ort="onnxruntime-gpu",
+            version="1.31.1",
+            extras=("cuda", "cudnn"),
+            python=("3.11", "3.14"),
             min_glibc=(2, 28),
             platforms=("linux/amd64",),
             execution_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+            options={"CUDAExecutionProvider": _CUDA_OPTIONS},
+            bases={
+                "default": Base("python:3.11-slim", "3.11", (2, 36)),
+                "vendor": Base("nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04", "3.12", _UBUNTU_2404,
+                               has_python=False, nvidia_libs="base"),
+            },
+            libraries=("libonnxruntime_providers_cuda.so",),
+            dlopen=("libcudnn.so.9",),
+            library_dirs=NVIDIA_WHEEL_LIBS,
+            driver_libs=NVIDIA_DRIVER,
             device="nvidia",
-            notes="CUDA/cuDNN come from NVIDIA's PyPI wheels; the driver (libcuda.so.1) from the host",
+            run_flags="--gpus all",
+            cuda="13",
+            link_hint="take CUDA and cuDNN from NVIDIA's wheels (pack.nvidia_libs: wheels) or use --base-image vendor",
         ),
         Provider(
             name="tensorrt",
-            title="NVIDIA TensorRT 10",
-            package="onnxruntime-gpu==1.31.1",
-            ort_dist="onnxruntime-gpu",
-            base_image="nvcr.io/nvidia/tensorrt:25.10-py3",
-            python="3.12",
+            title="NVIDIA TensorRT 10 (CUDA 13)",
+            ort="onnxruntime-gpu",
+            version="1.31.1",
+            python=("3.11", "3.14"),
             min_glibc=(2, 28),
             platforms=("linux/amd64",),
-            execution_providers=(
-                "TensorrtExecutionProvider",
-                "CUDAExecutionProvider",
-                "CPUExecutionProvider",
-            ),
+            execution_providers=("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
+            options={"TensorrtExecutionProvider": _TRT_OPTIONS, "CUDAExecutionProvider": _CUDA_OPTIONS},
+            # TensorRT 10.13 + CUDA 13.0 + cuDNN 9 + Python 3.12, as the ORT 1.31 TRT EP links them
+            bases={"default": Base("nvcr.io/nvidia/tensorrt:25.10-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
+            libraries=("libonnxruntime_providers_tensorrt.so", "libonnxruntime_providers_cuda.so"),
+            dlopen=("libcudnn.so.9", "libnvinfer_plugin.so.10"),
+            library_dirs=NVIDIA_WHEEL_LIBS,
+            driver_libs=NVIDIA_DRIVER,
             device="nvidia",
-            notes="TensorRT, CUDA and cuDNN come from NVIDIA's TensorRT base image",
+            run_flags="--gpus all",
+            cuda="13",
+            link_hint="use NVIDIA's TensorRT container (nvcr.io/nvidia/tensorrt) as the base image",
         ),
         Provider(
             name="rocm",
             title="AMD ROCm 7.2",
-            package="onnxruntime-rocm==1.22.2.post3",
-            ort_dist="onnxruntime-rocm",
-            # onnxruntime-rocm declares no dependencies: its imports are listed here.
-            extra_requirements=("protobuf", "flatbuffers", "packaging"),
-            base_image="rocm/dev-ubuntu-24.04:7.2",
-            python="3.12",
+            ort="onnxruntime-rocm",
+            version="1.22.2.post3",
+            # no Requires-Dist in the wheel: its imports are listed here
+            extra_requirements=("numpy", "protobuf", "flatbuffers", "packaging"),
+            python=("3.10", "3.14"),
             min_glibc=(2, 34),
             platforms=("linux/amd64",),
             execution_providers=("ROCMExecutionProvider", "CPUExecutionProvider"),
+            options={"ROCMExecutionProvider": {"device_id": "0", "arena_extend_strategy": "kNextPowerOfTwo",
+                                               "tunable_op_enable": "0"}},
+            bases={"default": Base("rocm/dev-ubuntu-24.04:7.2", "3.12", _UBUNTU_2404)},
+            libraries=("libonnxruntime_providers_rocm.so",),
+            link_hint="use a ROCm 7.2 base image such as rocm/dev-ubuntu-24.04:7.2",
             device="amd",
+            run_flags="--device /dev/kfd --device /dev/dri --group-add video",
+        ),
+        Provider(
+            name="migraphx",
+            title="AMD MIGraphX (ROCm 7.2)",
+            ort="onnxruntime-migraphx",
+            version="1.27.1",
+            python=("3.11", "3.14"),
+            min_glibc=(2, 34),
+            platforms=("linux/amd64",),
+            execution_providers=("MIGraphXExecutionProvider", "CPUExecutionProvider"),
+            options={"MIGraphXExecutionProvider": {"device_id": "0", "migraphx_fp16_enable": "0",
+                                                   "migraphx_model_cache_dir": f"{CACHE}/migraphx"}},
+            bases={"default": Base("rocm/dev-ubuntu-24.04:7.2", "3.12", _UBUNTU_2404, system_packages=("migraphx",))},
+            libraries=("libonnxruntime_providers_migraphx.so",),
+            link_hint="use a ROCm 7.2 base image with the migraphx package",
+            device="amd",
+            run_flags="--device /dev/kfd --device /dev/dri --group-add video",
         ),
         Provider(
             name="openvino",
             title="Intel OpenVINO 2025.4",
-            package="onnxruntime-openvino==1.24.1",
-            ort_dist="onnxruntime-openvino",
-            base_image="python:3.11-slim",
-            python="3.11",
+            ort="onnxruntime-openvino",
+            version="1.24.1",
+            python=("3.11", "3.13"),
             min_glibc=(2, 28),
             platforms=("linux/amd64",),
             execution_providers=("OpenVINOExecutionProvider", "CPUExecutionProvider"),
+            options={"OpenVINOExecutionProvider": {"device_type": "CPU", "cache_dir": f"{CACHE}/openvino"}},
+            bases={"default": Base("python:3.11-slim", "3.11", (2, 36))},
+            libraries=("libonnxruntime_providers_openvino.so", "libopenvino_intel_cpu_plugin.so"),
+            run_flags="(Intel GPU: --device /dev/dri)",
         ),
     )
+}
+
+# pack.cuda: "12" -> these rows replace the CUDA 13 ones (ORT <= 1.26 is built for CUDA 12).
+CUDA12: dict[str, dict[str, Any]] = {
+    "cuda": {
+        "title": "NVIDIA CUDA 12",
+        "version": "1.26.0",
+        "cuda": "12",
+        "bases": {
+            "default": Base("python:3.11-slim", "3.11", (2, 36)),
+            "vendor": Base("nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04", "3.12", _UBUNTU_2404,
+                           has_python=False, nvidia_libs="base"),
+        },
+    },
+    "tensorrt": {
+        # ORT 1.22 is documented with TensorRT 10.9 and CUDA 12.0-12.8: the 25.03 container
+        "title": "NVIDIA TensorRT 10 (CUDA 12)",
+        "version": "1.22.0",
+        "cuda": "12",
+        "bases": {"default": Base("nvcr.io/nvidia/tensorrt:25.03-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
+    },
 }
 
 # GPUX backends that name no Linux execution provider: rejected with a reason.
@@ -122,8 +239,24 @@ NOT_FOR_LINUX: dict[str, str] = {
 }
 
 
-def get(name: str) -> Provider:
-    return PROVIDERS[name]
+def get(name: str, cuda: str = "13") -> Provider:
+    """A provider row, in the CUDA flavour asked for (the flavour only changes NVIDIA rows)."""
+    row = PROVIDERS[name]
+    if cuda == "12" and name in CUDA12:
+        row = replace(row, **CUDA12[name])
+    return row
+
+
+def base_for(provider: Provider, choice: str | None) -> Base:
+    """`None`/"default" -> the provider's default base; "vendor" -> the vendor's image;
+    anything else is an image reference, assumed to carry Python like the default."""
+    if choice in (None, "default", "vendor"):
+        key = choice or "default"
+        if key not in provider.bases:
+            raise UsageError(f"{provider.name} has no vendor base image; give an image reference instead")
+        return provider.bases[key]
+    default = provider.bases["default"]
+    return Base(choice, default.python, provider.min_glibc, True, default.nvidia_libs, default.system_packages)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,11 +277,11 @@ class HostInfo:
             return True, "needs no accelerator"
         has = {"nvidia": self.nvidia, "amd": self.amd, "intel": self.intel_gpu}[provider.device]
         need = {
-            "nvidia": "an NVIDIA GPU exposed to Docker (nvidia runtime or CDI)",
-            "amd": "/dev/kfd and /dev/dri on the Docker host",
-            "intel": "an Intel GPU at /dev/dri",
+            "nvidia": "an NVIDIA GPU (nvidia runtime or CDI)",
+            "amd": "an AMD GPU (/dev/kfd)",
+            "intel": "an Intel GPU (/dev/dri)",
         }[provider.device]
-        return (True, f"host has {need}") if has else (False, f"needs {need}; not found")
+        return (True, f"has {need}") if has else (False, f"needs {need}")
 
 
 @dataclass(frozen=True)
@@ -187,7 +320,7 @@ def decide(
     if host is None:
         return Decision(("cpu",), "auto: the Docker host could not be inspected, so cpu")
     if host.nvidia:
-        return Decision(("cuda",), "auto: the Docker host exposes an NVIDIA GPU")
+        return Decision(("cuda",), f"auto: the Docker host exposes an NVIDIA GPU ({host.details})")
     if host.amd:
         return Decision(("rocm",), "auto: the Docker host has an AMD GPU (/dev/kfd)")
     if host.intel_gpu:
@@ -198,49 +331,49 @@ def decide(
 # ---------------------------------------------------------------------------------------------
 # Session options the image's runtime passes to ONNX Runtime
 
-CACHE = "${GPUX_CACHE_DIR}"  # expanded by the runtime: the container's own cache dir
-
 
 def session_providers(provider: Provider, config) -> list[list]:
-    """[[EP name, options], ...] for gpux.json, from runtime.gpu and pack.tensorrt.
-
-    Values are strings, as ONNX Runtime parses them; booleans as "true"/"false"."""
+    """[[EP name, options], ...] for gpux.json: the table's defaults, then runtime.gpu and
+    pack.tensorrt. Values are strings, as ONNX Runtime parses them."""
     gpu, trt = config.runtime.gpu, config.pack.tensorrt
-    cuda: dict[str, str] = {
-        "device_id": "0",
-        "arena_extend_strategy": "kNextPowerOfTwo",
-        "cudnn_conv_algo_search": "EXHAUSTIVE",
-    }
-    if gpu.memory:
-        cuda["gpu_mem_limit"] = str(gpu.memory)
-    tensorrt: dict[str, str] = {
-        "device_id": "0",
-        "trt_fp16_enable": _flag(trt.fp16),
-        "trt_int8_enable": _flag(trt.int8),
-        "trt_engine_cache_enable": "true",
-        "trt_engine_cache_path": f"{CACHE}/tensorrt",
-        "trt_timing_cache_enable": "true",
-        "trt_timing_cache_path": f"{CACHE}/tensorrt",
-    }
-    if trt.workspace:
-        tensorrt["trt_max_workspace_size"] = str(trt.workspace)
-    if trt.profiles:
-        for point in ("min", "opt", "max"):
-            tensorrt[f"trt_profile_{point}_shapes"] = ",".join(
-                f"{name}:{'x'.join(str(d) for d in getattr(p, point))}" for name, p in trt.profiles.items()
-            )
-    rocm: dict[str, str] = {"device_id": "0", "arena_extend_strategy": "kNextPowerOfTwo"}
-    if gpu.memory:
-        rocm["gpu_mem_limit"] = str(gpu.memory)
-    options = {
-        "CPUExecutionProvider": {},
-        "CUDAExecutionProvider": cuda,
-        "TensorrtExecutionProvider": tensorrt,
-        "ROCMExecutionProvider": rocm,
-        "OpenVINOExecutionProvider": {"device_type": "CPU", "cache_dir": f"{CACHE}/openvino"},
-    }
-    return [[ep, options[ep]] for ep in provider.execution_providers]
+    out = []
+    for ep in provider.execution_providers:
+        opts = dict(provider.options.get(ep, {}))
+        if gpu.memory and ep in ("CUDAExecutionProvider", "ROCMExecutionProvider"):
+            opts["gpu_mem_limit"] = str(gpu.memory)
+        if gpu.memory and ep == "MIGraphXExecutionProvider":
+            opts["migraphx_mem_limit"] = str(gpu.memory)
+        if ep == "TensorrtExecutionProvider":
+            opts["trt_fp16_enable"] = _flag(trt.fp16)
+            opts["trt_int8_enable"] = _flag(trt.int8)
+            if trt.workspace:
+                opts["trt_max_workspace_size"] = str(trt.workspace)
+            for point in ("min", "opt", "max") if trt.profiles else ():
+                opts[f"trt_profile_{point}_shapes"] = ",".join(
+                    f"{name}:{'x'.join(str(d) for d in getattr(p, point))}" for name, p in trt.profiles.items()
+                )
+        if "device_id" in opts:
+            opts["device_id"] = str(config.pack.device_id)
+        short = next((k for k, v in SHORT_NAMES.items() if v == ep), ep)
+        for key in (ep, short):
+            opts.update({k: _text(v) for k, v in config.pack.provider_options.get(key, {}).items()})
+        out.append([ep, opts])
+    return out
 
 
 def _flag(value: bool) -> str:
     return "true" if value else "false"
+
+
+def _text(value: Any) -> str:
+    return _flag(value) if isinstance(value, bool) else str(value)
+
+
+SHORT_NAMES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "migraphx": "MIGraphXExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+}

@@ -22,8 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     predict = sub.add_parser("predict", help="one inference; prints the outputs as JSON")
     predict.add_argument("--input", "-i", required=True, help="JSON object, @file, or - for stdin")
     sub.add_parser("healthcheck", help="exit 0 when the local server is ready (Docker HEALTHCHECK)")
-    args = parser.parse_args(argv)
+    sub.add_parser("linkcheck", help="check that a provider's shared libraries resolve", add_help=False)
+    args, rest = parser.parse_known_args(argv)
     command = args.command or "serve"
+    if command == "linkcheck":
+        from .linkcheck import main as linkcheck
+
+        return linkcheck(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if command == "healthcheck":
         return _healthcheck()

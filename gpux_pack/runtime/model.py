@@ -5,6 +5,8 @@ Settings come from gpux.json (written by gpux-pack next to the model) and GPUX_*
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -141,6 +143,8 @@ class Model:
             opts.profile_file_prefix = str(Path("/tmp") / "gpux-profile")
         available = set(ort.get_available_providers())
         usable = [(n, o) for n, o in settings.providers if n in available]
+        if settings.log_level != "debug":
+            ort.set_default_logger_severity(4)  # a failing provider is explained below, in one line
         started = time.perf_counter()
         try:
             session = ort.InferenceSession(
@@ -155,7 +159,7 @@ class Model:
         active = list(session.get_providers())
         primary = requested[0]
         if primary not in active:
-            reason = "not in this onnxruntime build" if primary not in available else "its device or libraries are missing"
+            reason = "not in this onnxruntime build" if primary not in available else _diagnose(spec)
             message = f"{primary} is not active ({reason}); active providers: {', '.join(active)}"
             if settings.require_provider:
                 raise StartupError(f"GPUX_REQUIRE_PROVIDER=1: {message}")
@@ -228,6 +232,28 @@ class Model:
         }
 
 
+def _diagnose(spec: dict[str, Any]) -> str:
+    """Why an available provider did not start: a missing library (the driver's ones included,
+    which the build-time check leaves to the host), else no device."""
+    from .linkcheck import check
+
+    libs = spec.get("libraries") or {}
+    try:
+        problems = check(libs.get("libs", []), libs.get("dlopen", []), libs.get("dirs", []), [],
+                         spec.get("execution_providers", [["?"]])[0][0], quiet=True)
+    except Exception as e:  # diagnosis must never stop the server
+        return f"cannot tell why: {e}"
+    driver = set(libs.get("driver", []))
+    flags = spec.get("run_flags")
+    own = [p for p in problems if p.split(" ", 1)[0] not in driver]
+    if own:  # the image itself lacks a library: no docker run flag fixes that
+        return own[0]
+    if problems:
+        missing = problems[0].split(" ", 1)[0]
+        return f"the GPU driver's {missing} is not in the container; start it with {flags}" if flags else missing
+    return f"its libraries load but no device was found; start the container with {flags}" if flags else "no device"
+
+
 def _zeros(dtype: str, shape: list[int]) -> np.ndarray:
     if dtype == "string":
         return np.full(shape, "", dtype=object)
@@ -236,13 +262,27 @@ def _zeros(dtype: str, shape: list[int]) -> np.ndarray:
 
 def _prepare_libraries(requested: list[str]) -> None:
     """NVIDIA wheels put CUDA/cuDNN in site-packages with no RPATH: load them before the
-    session, or the CUDA provider fails and ORT quietly falls back to CPU."""
+    session, or the CUDA provider fails and ORT quietly falls back to CPU. preload_dlls() does
+    not cover TensorRT's pip libraries (tensorrt_libs): those are loaded here by path."""
     if not {"CUDAExecutionProvider", "TensorrtExecutionProvider"} & set(requested):
         return
     import onnxruntime as ort
 
     if hasattr(ort, "preload_dlls"):
-        try:
-            ort.preload_dlls(directory="")
-        except Exception as e:  # reported by the provider check that follows
+        quiet = io.StringIO()
+        try:  # it prints each library it cannot find; the provider check explains it once
+            with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                ort.preload_dlls(directory="")
+        except Exception as e:
             log.debug("preload_dlls: %s", e)
+        log.debug("preload_dlls: %s", quiet.getvalue().strip())
+    if "TensorrtExecutionProvider" in requested:
+        import ctypes
+
+        libs = Path(ort.__file__).parent.parent / "tensorrt_libs"
+        for pattern in ("libnvinfer.so.*", "libnvinfer_plugin.so.*", "libnvonnxparser.so.*"):
+            for lib in sorted(libs.glob(pattern)):
+                try:
+                    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+                except OSError as e:
+                    log.debug("cannot preload %s: %s", lib.name, e)

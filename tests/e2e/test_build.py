@@ -130,8 +130,10 @@ def test_failed_build_prints_the_step_and_keeps_the_previous_tag(tmp_path, docke
     proc = run_cli("build", str(project), "--base-image", broken_base, "--tag", tag)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
-    assert "error: step 4/20 (RUN python3 -m venv" in proc.stderr
-    assert "No module named venv" in proc.stderr  # the end of the failing step's output
+    # one line: the failing step, its exit code and its own last words; then where and the log tail
+    assert "error: step 4/19 failed (exit 1): /usr/bin/python3: No module named venv" in proc.stderr
+    assert "  in: RUN python3 -m venv --without-pip /opt/gpux/venv" in proc.stderr
+    assert "  | /usr/bin/python3: No module named venv" in proc.stderr
     assert docker_client.images.get(tag).id == good["id"], "the earlier image keeps its tag"
 
 

@@ -116,7 +116,10 @@ def test_providers_command_reads_this_host(docker_client):
     proc = run_cli("providers", "--json")
     assert proc.returncode == 0, proc.stderr
     table = {p["name"]: p for p in json.loads(proc.stdout)["providers"]}
-    assert set(table) == {"cpu", "cuda", "tensorrt", "rocm", "openvino"}
+    assert set(table) == {"cpu", "cuda", "tensorrt", "rocm", "migraphx", "openvino"}
+    assert table["cuda"]["package"] == "onnxruntime-gpu[cuda,cudnn]==1.31.1"
+    assert table["cuda"]["cuda12"] == "onnxruntime-gpu[cuda,cudnn]==1.26.0"
+    assert table["cuda"]["vendor_base_image"].startswith("nvidia/cuda:13.") and table["cuda"]["docker_run"] == "--gpus all"
     assert table["cpu"]["host_can_run"] is True and table["cpu"]["package"].startswith("onnxruntime==")
     assert table["openvino"]["host_can_run"] is True
     gpu = any(r["host_can_run"] for n, r in table.items() if n in ("cuda", "tensorrt"))

@@ -98,7 +98,7 @@ def test_examples_load():
 def test_committed_schema_is_current():
     """gpux.schema.json is what `gpux-pack schema` prints (regenerate it when the model changes)."""
     committed = json.loads((ROOT / "gpux.schema.json").read_text())
-    assert committed == json_schema()
+    assert committed == json_schema(), "regenerate: gpux-pack schema > gpux.schema.json"
 
 
 def test_schema_covers_examples():

@@ -61,11 +61,31 @@ def test_parse_provider_list():
 def test_table_is_complete_and_templates_exist():
     from gpux_pack.render import templates_dir
 
-    assert set(providers.PROVIDERS) == {"cpu", "cuda", "tensorrt", "rocm", "openvino"}
+    assert set(providers.PROVIDERS) == {"cpu", "cuda", "tensorrt", "rocm", "migraphx", "openvino"}
     for p in providers.PROVIDERS.values():
         assert (templates_dir() / p.template_name).is_file()
         assert p.execution_providers[-1] == "CPUExecutionProvider"
         assert "==" in p.package  # pinned: the lock is reproducible only then
+        assert p.libraries, f"{p.name} names no library to link-check"
+        # a child template is small: the base holds the Dockerfile text
+        assert len((templates_dir() / p.template_name).read_text().splitlines()) <= 10
+
+
+def test_cuda_flavours_and_vendor_bases():
+    cuda13, cuda12 = providers.get("cuda"), providers.get("cuda", cuda="12")
+    assert cuda13.package == "onnxruntime-gpu[cuda,cudnn]==1.31.1" and cuda13.cuda == "13"
+    assert cuda12.package == "onnxruntime-gpu[cuda,cudnn]==1.26.0" and cuda12.cuda == "12"
+    assert providers.get("tensorrt", cuda="12").base_image == "nvcr.io/nvidia/tensorrt:25.03-py3"
+    assert providers.get("cpu", cuda="12") == providers.get("cpu")  # the flavour only touches NVIDIA rows
+    vendor = providers.base_for(cuda13, "vendor")
+    assert vendor.image.startswith("nvidia/cuda:13.") and vendor.nvidia_libs == "base"
+    assert vendor.packages("deps") == ("python3", "python3-venv") and vendor.packages("final") == ("python3",)
+    assert cuda13.requirement(vendor.nvidia_libs) == "onnxruntime-gpu==1.31.1"  # CUDA comes with the base
+    assert providers.base_for(cuda12, "vendor").image.startswith("nvidia/cuda:12.")
+    with pytest.raises(UsageError, match="cpu has no vendor base image"):
+        providers.base_for(providers.get("cpu"), "vendor")
+    custom = providers.base_for(cuda13, "registry.local/py:3.11")
+    assert custom.image == "registry.local/py:3.11" and custom.has_python
 
 
 def test_session_options_from_config(tmp_path):
@@ -82,3 +102,22 @@ def test_session_options_from_config(tmp_path):
     assert trt["trt_profile_opt_shapes"] == "x:8x3" and trt["trt_engine_cache_path"] == "${GPUX_CACHE_DIR}/tensorrt"
     assert list(dict(session_providers(providers.get("tensorrt"), cfg))) == [
         "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def test_device_and_extra_provider_options(tmp_path):
+    (tmp_path / "gpux.yml").write_text(
+        "name: m\nmodel: {source: m.onnx}\npack:\n  device_id: 1\n  provider_options:\n"
+        "    cuda: {cudnn_conv_algo_search: HEURISTIC, enable_cuda_graph: true}\n"
+        "    OpenVINOExecutionProvider: {num_of_threads: 4, device_type: GPU}\n"
+    )
+    cfg = load_project(tmp_path).config
+    cuda = dict(session_providers(providers.get("cuda"), cfg))["CUDAExecutionProvider"]
+    assert cuda["device_id"] == "1" and cuda["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert cuda["enable_cuda_graph"] == "true" and cuda["arena_extend_strategy"] == "kNextPowerOfTwo"
+    ov = dict(session_providers(providers.get("openvino"), cfg))["OpenVINOExecutionProvider"]
+    assert ov == {"device_type": "GPU", "cache_dir": "${GPUX_CACHE_DIR}/openvino", "num_of_threads": "4"}
+    migraphx = dict(session_providers(providers.get("migraphx"), cfg))["MIGraphXExecutionProvider"]
+    assert migraphx["device_id"] == "1" and migraphx["migraphx_model_cache_dir"] == "${GPUX_CACHE_DIR}/migraphx"
+    (tmp_path / "gpux.yml").write_text("name: m\nmodel: {source: m.onnx}\npack:\n  provider_options: {cdua: {}}\n")
+    with pytest.raises(Exception, match="unknown provider 'cdua' \\(did you mean 'cuda'"):
+        load_project(tmp_path)

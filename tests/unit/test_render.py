@@ -12,24 +12,39 @@ import pytest
 
 from gpux_pack import context as contexts
 from gpux_pack import providers, render
+from gpux_pack import pipeline
 from gpux_pack.pipeline import load
-from gpux_pack.plan import Options, assumed_base, make_plan
+from gpux_pack.plan import Options
+from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Lock, Pin, Target, Wheel, Wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+UPDATE = os.environ.get("GPUX_UPDATE_GOLDEN") == "1"  # rewrite golden files after a deliberate change
+VARIANTS = {  # golden name -> (provider, options, gpux.yml pack additions)
+    **{name: (name, {}, "") for name in providers.PROVIDERS},
+    "cuda-vendor": ("cuda", {"base_image": "vendor"}, ""),
+    "cuda12": ("cuda", {}, "  cuda: '12'\n"),
+    "tensorrt-cuda12": ("tensorrt", {}, "  cuda: '12'\n"),
+    "cuda-no-link-check": ("cuda", {}, "  nvidia_libs: base\n  link_check: false\n"),
+}
 
 
-def plan_for(provider: str, **options):
-    loaded = load(ROOT / "examples" / "mlp")
-    prov = providers.get(provider)
-    base = assumed_base(loaded.project, prov, prov.base_image, None)
-    return make_plan(loaded.project, loaded.model, loaded.signature, prov, "test", base, Options(**options))
+def plan_for(provider: str, pack: str = "", tmp: Path | None = None, **options):
+    project = ROOT / "examples" / "mlp"
+    if pack:
+        shutil.copytree(project, tmp / "mlp")
+        config = tmp / "mlp" / "gpux.yml"
+        config.write_text(config.read_text() + "pack:\n" + pack)
+        project = tmp / "mlp"
+    loaded = load(project)
+    return pipeline.plan_for(loaded, provider, "test", Options(**options), None, Reporter(quiet=True), pull=False)
 
 
 def lock_for(plan) -> Lock:
     """A lock as resolve() returns it, without touching the network."""
-    ort = plan.provider.ort_dist
-    pins = (Pin(ort, "1.31.1", frozenset({"0" * 64})), Pin("numpy", "2.4.6", frozenset({"1" * 64})))
+    ort = plan.provider.ort
+    pins = (Pin(ort, plan.provider.version, frozenset({"0" * 64})), Pin("numpy", "2.4.6", frozenset({"1" * 64})))
     return Lock(plan.target, plan.requirements, pins, (Pin("pip", "26.3", frozenset({"2" * 64})),))
 
 
@@ -40,16 +55,55 @@ def hadolint(text: str) -> subprocess.CompletedProcess:
     return subprocess.run([exe, "--no-color", "-"], input=text, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("provider", list(providers.PROVIDERS))
-def test_every_provider_passes_hadolint(provider):
-    plan = plan_for(provider)
-    text = render.dockerfile(plan, lock_for(plan))
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"no golden file {path.name}: run with GPUX_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{path.name} changed: review, then GPUX_UPDATE_GOLDEN=1"
+
+
+def assert_clean(text: str) -> None:
     result = hadolint(text)
     assert result.returncode == 0 and result.stdout == "", result.stdout
-    assert f"FROM {plan.provider.base_image} AS deps" in text
-    assert "--no-index" in text and "--require-hashes" in text
     for forbidden in ("RUN --mount", "COPY --link", "# syntax="):
         assert forbidden not in text  # docker-py builds with the classic builder
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_model_images_match_golden_files_and_pass_hadolint(variant, tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    provider, options, pack = VARIANTS[variant]
+    plan = plan_for(provider, pack, tmp_path, **options)
+    text = render.dockerfile(plan, lock_for(plan))
+    assert_clean(text)
+    check_golden(f"{variant}.Dockerfile", text)
+    assert f"FROM {plan.base.image} AS deps" in text
+    assert "--no-index" in text and "--require-hashes" in text
+    assert ("linkcheck.py" in text) == plan.link_check
+
+
+@pytest.mark.parametrize("provider", list(providers.PROVIDERS))
+def test_runtime_base_dockerfiles_are_current(provider):
+    """base-images/<provider>.Dockerfile are rendered from the provider table (the same data
+    and templates as every model image)."""
+    prov = providers.get(provider)
+    text = render.runtime_dockerfile(prov, prov.bases["default"])
+    assert_clean(text)
+    path = ROOT / "base-images" / f"{provider}.Dockerfile"
+    if UPDATE:
+        path.write_text(text)
+    assert path.is_file() and path.read_text() == text, f"{path.name} is stale: GPUX_UPDATE_GOLDEN=1"
+    assert "COPY model/" not in text and "EXPOSE" not in text
+
+
+def test_model_on_runtime_base_passes_hadolint():
+    plan = plan_for("cpu")
+    text = render.dockerfile(plan, lock_for(plan), runtime_image="gpux-pack/runtime-cpu:1.31.1-0123456789ab")
+    assert_clean(text)
+    assert text.count("FROM ") == 1 and "FROM gpux-pack/runtime-cpu:1.31.1-0123456789ab" in text
+    assert "COPY model/ /opt/gpux/model/" in text and "COPY wheels/" not in text
 
 
 def test_hadolint_really_checks():
@@ -88,7 +142,7 @@ def test_context_is_deterministic(tmp_path):
     assert names == sorted(names)
     assert {m.mtime for m in members} == {contexts.MTIME} and {m.uid for m in members} == {0}
     assert {"Dockerfile", "gpux.json", "wheels/requirements.lock", "model/model.onnx",
-            "runtime/gpux_runtime/server.py", "tools/pip-26.3-py3-none-any.whl"} <= set(names)
+            "runtime/gpux_runtime/server.py", "tools/pip.whl"} <= set(names)
 
 
 def test_write_refuses_foreign_folders(tmp_path):

@@ -14,8 +14,9 @@ import onnxruntime as ort
 import pytest
 
 from gpux_pack import providers
-from gpux_pack.pipeline import load
-from gpux_pack.plan import Options, assumed_base, make_plan, runtime_config
+from gpux_pack.pipeline import load, plan_for
+from gpux_pack.plan import Options, runtime_config
+from gpux_pack.ui import Reporter
 from gpux_pack.runtime.model import Model, Settings, StartupError
 from gpux_pack.runtime.server import App
 
@@ -25,9 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def spec_dir(tmp_path: Path, example: str, provider: str = "cpu", warmup: str | None = None) -> Path:
     """gpux.json + model as the image holds them, from the real planning code."""
     loaded = load(ROOT / "examples" / example)
-    prov = providers.get(provider)
-    base = assumed_base(loaded.project, prov, prov.base_image, None)
-    plan = make_plan(loaded.project, loaded.model, loaded.signature, prov, "test", base, Options(warmup=warmup))
+    plan = plan_for(loaded, provider, "test", Options(warmup=warmup), None, Reporter(quiet=True), pull=False)
+    prov = plan.provider
     spec = runtime_config(plan, providers.session_providers(prov, loaded.project.config), "test")
     (tmp_path / "model").mkdir()
     for name in loaded.model.files:

@@ -1,0 +1,153 @@
+"""The provider matrix on a real engine: OpenVINO serving, one command for several providers,
+the link check failing a CUDA build, a CUDA image without a GPU, runtime base images."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import BASE_IMAGE, EXAMPLES, copy_example, run_cli, serve
+
+pytestmark = pytest.mark.e2e
+
+X = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def cpu_and_openvino(docker_client, tags, tmp_path_factory):
+    """`--provider cpu,openvino`: two images from one command, one summary."""
+    project = copy_example("mlp", tmp_path_factory.mktemp("multi"))
+    tag = tags("multi:{provider}").replace("{provider}", "") + "{provider}"
+    proc = run_cli("build", str(project), "--provider", "cpu,openvino", "--base-image", BASE_IMAGE,
+                   "--tag", tag, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    images = {i["provider"]: i for i in json.loads(proc.stdout)["images"]}
+    for provider in images:
+        tags(images[provider]["tag"])  # removed at the end of the run
+    return images
+
+
+def test_one_command_builds_one_image_per_provider(cpu_and_openvino, docker_client):
+    assert set(cpu_and_openvino) == {"cpu", "openvino"}
+    cpu, ov = (docker_client.images.get(cpu_and_openvino[p]["tag"]) for p in ("cpu", "openvino"))
+    assert cpu.labels["io.gpux.provider"] == "cpu" and ov.labels["io.gpux.provider"] == "openvino"
+    assert ov.labels["io.gpux.onnxruntime.version"] == "1.24.1"
+    assert cpu.labels["io.gpux.model.sha256"] == ov.labels["io.gpux.model.sha256"]
+    assert cpu_and_openvino["cpu"]["tag"].endswith(":cpu") and cpu_and_openvino["openvino"]["tag"].endswith(":openvino")
+
+
+def test_openvino_serves_like_cpu_and_caches_compiled_blobs(cpu_and_openvino):
+    answers = {}
+    for provider in ("cpu", "openvino"):
+        with serve(cpu_and_openvino[provider]["tag"]) as server:
+            info = server.get("/info").json()
+            answers[provider] = server.post("/predict", json={"features": X.tolist()}).json()
+            if provider == "openvino":
+                assert info["execution_providers"]["active"][0] == "OpenVINOExecutionProvider"
+                code, out = server.container.get_wrapped_container().exec_run(
+                    ["find", "/tmp/gpux-cache/openvino", "-name", "*.blob"])
+                assert code == 0 and out.decode().strip().endswith(".blob"), out
+    for name in ("logits", "probs"):
+        np.testing.assert_allclose(answers["openvino"][name], answers["cpu"][name], atol=1e-4, rtol=0)
+
+
+def test_one_failing_provider_does_not_stop_the_others(tmp_path, tags):
+    project = copy_example("mlp", tmp_path)
+    tag = tags("partial:cpu").rsplit(":", 1)[0] + ":{provider}"
+    proc = run_cli("build", str(project), "--provider", "rocm,cpu", "--base-image", BASE_IMAGE, "--tag", tag, "--json")
+    assert proc.returncode == 1  # rocm builds on Debian, but ROCm's libraries are not there
+    summary = json.loads(proc.stdout)
+    assert [i["provider"] for i in summary["images"]] == ["cpu"]
+    [failed] = summary["failed"]
+    assert failed["provider"] == "rocm" and failed["exit_code"] == 1
+    assert "link check failed: ROCMExecutionProvider cannot load: libhipblas.so.3" in failed["error"]
+    assert "use a ROCm 7.2 base image" in failed["error"]
+    assert "error: rocm: step " in proc.stderr
+
+
+def cuda_project(tmp_path, pack: str):
+    project = copy_example("mlp", tmp_path)
+    (project / "gpux.yml").write_text((project / "gpux.yml").read_text() + "pack:\n" + pack)
+    return project
+
+
+def test_link_check_fails_a_cuda_build_missing_its_libraries(tmp_path, tags, docker_client):
+    """cuda on a plain Debian base without NVIDIA's wheels: the build fails, naming the library."""
+    project = cuda_project(tmp_path, "  nvidia_libs: base\n")
+    tag = tags("linkcheck:fail")
+    proc = run_cli("build", str(project), "--provider", "cuda", "--base-image", BASE_IMAGE, "--tag", tag)
+    assert proc.returncode == 1
+    first = proc.stderr.strip().splitlines()
+    line = next(x for x in first if x.startswith("error: "))
+    assert "failed (exit 1): link check failed: CUDAExecutionProvider cannot load: libcublasLt.so.13" in line
+    assert "libcudnn.so.9 (needed by CUDAExecutionProvider at run time) is not in the image" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    with pytest.raises(Exception):
+        docker_client.images.get(tag)
+
+
+@pytest.fixture(scope="module")
+def cuda_image(docker_client, tags, tmp_path_factory):
+    """The real onnxruntime-gpu wheel on the offline Debian base, NVIDIA libraries left out and
+    the link check off (as on hosts that mount CUDA at run time): a CUDA image with no GPU."""
+    project = cuda_project(tmp_path_factory.mktemp("cuda"), "  nvidia_libs: base\n  link_check: false\n")
+    tag = tags("cuda:nogpu")
+    proc = run_cli("build", str(project), "--provider", "cuda", "--base-image", BASE_IMAGE, "--tag", tag, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)["images"][0]
+
+
+def test_cuda_image_without_gpu_falls_back_to_cpu_loudly(cuda_image):
+    assert cuda_image["onnxruntime"] == "1.31.1"
+    with serve(cuda_image["tag"]) as server:
+        info = server.get("/info").json()
+        assert info["execution_providers"] == {
+            "requested": ["CUDAExecutionProvider", "CPUExecutionProvider"], "active": ["CPUExecutionProvider"]}
+        logs = server.container.get_wrapped_container().logs().decode()
+        assert "FALLBACK: CUDAExecutionProvider is not active (libcublasLt.so.13" in logs
+        r = server.post("/predict", json={"features": X.tolist()})
+        assert r.status_code == 200 and np.shape(r.json()["probs"]) == (8, 3)
+
+
+def test_cuda_image_refuses_to_start_when_the_provider_is_required(cuda_image, docker_client):
+    container = docker_client.containers.run(
+        cuda_image["tag"], environment={"GPUX_REQUIRE_PROVIDER": "1"}, detach=True)
+    try:
+        assert container.wait(timeout=60)["StatusCode"] == 1
+        err = container.logs(stdout=False, stderr=True).decode().strip().splitlines()
+    finally:
+        container.remove(force=True)
+    assert len(err) == 1, err
+    assert err[0].startswith("gpux: GPUX_REQUIRE_PROVIDER=1: CUDAExecutionProvider is not active (libcublasLt.so.13")
+
+
+def test_runtime_base_image_makes_model_builds_small(tmp_path, docker_client, tags):
+    # link_check off on both sides: a runtime base no other test's build would pick up
+    proc = run_cli("base", "build", "--provider", "cpu", "--base-image", BASE_IMAGE, "--no-link-check", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runtime = json.loads(proc.stdout)["tag"]
+    assert runtime.startswith("gpux-pack/runtime-cpu:1.31.1-")
+    try:
+        project = cuda_project(tmp_path, "  link_check: false\n")
+        proc = run_cli("build", str(project), "--base-image", BASE_IMAGE, "--tag", tags("on-runtime:1"), "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        image = json.loads(proc.stdout)["images"][0]
+        assert image["runtime_base"] is True and image["steps"] <= 12
+        assert f"building on the runtime base image {runtime}" in proc.stderr
+        base_layers = docker_client.images.get(runtime).attrs["RootFS"]["Layers"]
+        layers = docker_client.images.get(image["tag"]).attrs["RootFS"]["Layers"]
+        assert layers[: len(base_layers)] == base_layers and len(layers) == len(base_layers) + 2
+        with serve(image["tag"]) as server:
+            assert server.post("/predict", json={"features": X.tolist()}).status_code == 200
+            assert server.get("/info").json()["name"] == "iris-mlp"
+    finally:
+        docker_client.images.remove(runtime, force=True)
+
+
+@pytest.mark.slow
+def test_cuda_with_nvidia_wheels_passes_the_link_check(tmp_path, tags):
+    """Opt-in (`pytest -m slow`): about 1.7 GB of NVIDIA wheels and a 2.8 GB image."""
+    proc = run_cli("build", str(EXAMPLES / "mlp"), "--provider", "cuda", "--base-image", BASE_IMAGE,
+                   "--tag", tags("cuda:wheels"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "link check: CUDAExecutionProvider:" in proc.stderr and "left to the host's driver: libcuda.so.1" in proc.stderr
