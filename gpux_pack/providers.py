@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpux_pack.errors import UsageError
+from gpux_pack.runtime.dtypes import SHORT_NAMES
 
 # What the image's runtime imports besides onnxruntime (kept tiny: the runtime is slim).
 RUNTIME_REQUIREMENTS: tuple[str, ...] = ("numpy>=1.26", "uvicorn>=0.30,<1")
@@ -368,12 +369,3 @@ def _flag(value: bool) -> str:
 def _text(value: Any) -> str:
     return _flag(value) if isinstance(value, bool) else str(value)
 
-
-SHORT_NAMES = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "rocm": "ROCMExecutionProvider",
-    "migraphx": "MIGraphXExecutionProvider",
-    "openvino": "OpenVINOExecutionProvider",
-}

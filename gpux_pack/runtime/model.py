@@ -17,19 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DTYPES
+from .dtypes import DTYPES, SHORT_NAMES
 from .tensors import TensorSpec
 
 log = logging.getLogger("gpux")
 
-SHORT_NAMES = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "rocm": "ROCMExecutionProvider",
-    "migraphx": "MIGraphXExecutionProvider",
-    "openvino": "OpenVINOExecutionProvider",
-}
 
 
 class StartupError(Exception):
