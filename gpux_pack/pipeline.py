@@ -53,7 +53,7 @@ def _shown(path: Path) -> str:
 
 def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Reporter) -> providers.Decision:
     cfg = loaded.project.config
-    pack = [p for p in cfg.pack.providers]
+    pack = list(cfg.pack.providers)
     needs_host = not [p for p in [*cli, *pack] if p != "auto"] and cfg.runtime.gpu.backend == "auto"
     host = engine.host_info(client) if (needs_host and client is not None) else None
     decision = providers.decide(cli, pack, cfg.runtime.gpu.backend, host)
@@ -69,11 +69,20 @@ def plan_for(
     project = loaded.project
     provider = providers.get(provider_name, cuda=project.config.pack.cuda)
     spec = base_spec_for(project, provider, options)
+    base = base_facts(spec, options.platform, project.config.pack.python, client, ui, pull)
+    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options, spec)
+
+
+def base_facts(
+    spec: providers.Base, platform: str | None, python: str | None, client: Any | None, ui: Reporter, pull: bool
+) -> BaseImage:
+    """Python, glibc and architecture of the base image: read from the image when an engine is
+    there, else the provider table's facts (with pack.python, when given)."""
     base = engine.probe_base(client, spec.image, pull=pull, log=ui.info) if client is not None else None
     if base is None:
-        base = assumed_base(project, spec, options.platform)
+        base = assumed_base(spec, platform, python)
         ui.info(f"base image {spec.image} not inspected: assuming Python {base.python}, glibc {base.glibc[0]}.{base.glibc[1]}")
-    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options, spec)
+    return base
 
 
 def prepare(
@@ -135,11 +144,7 @@ def prepare_runtime(
     spec = providers.base_for(provider, base_choice)
     if nvidia_libs:
         spec = replace(spec, nvidia_libs=nvidia_libs)
-    base = engine.probe_base(client, spec.image, pull=pull, log=ui.info) if client is not None else None
-    if base is None:
-        from gpux_pack.wheels import ARCHES
-
-        base = BaseImage(spec.image, spec.python, spec.glibc, ARCHES.get(platform or "linux/amd64", "x86_64"), False)
+    base = base_facts(spec, platform, None, client, ui, pull)
     target = wheels.Target(base.python, base.arch, base.glibc)
     ui.info(f"resolving wheels for {target.describe()}")
     lock = wheels.resolve(provider.requirements(spec.nvidia_libs), target, refresh=refresh)

@@ -90,10 +90,10 @@ def base_spec_for(project: Project, provider: Provider, options: Options) -> Bas
     return base_for(provider, options.base_image or images.get(provider.name) or images.get("*"))
 
 
-def assumed_base(project: Project, spec: Base, platform: str | None) -> BaseImage:
+def assumed_base(spec: Base, platform: str | None, python: str | None = None) -> BaseImage:
     """What to assume of a base image that could not be inspected: the table's facts."""
     arch = ARCHES.get(platform or "linux/amd64", "x86_64")
-    python = project.config.pack.python or _python_from_tag(spec.image) or spec.python
+    python = python or _python_from_tag(spec.image) or spec.python
     return BaseImage(spec.image, python, spec.glibc, arch, probed=False)
 
 
