@@ -13,14 +13,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpux_pack import context as contexts
-from gpux_pack.engine import split_ref
-from gpux_pack.errors import BuildError, DockerError
+from gpux_pack.engine import ROLE_LABEL, remove_container
+from gpux_pack.errors import BuildError, DockerError, PackError
 from gpux_pack.plan import APP_DIR, Plan
+from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
 
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # the classic builder colours a step's stderr
 TAIL = 25
+WARMUP_TIMEOUT = 3600  # seconds: TensorRT engines of large models take minutes, not hours
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,16 @@ def _failure(message: str, step: int, total: int, instruction: str, tail: list[s
 
 def bake_warmup(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: bool) -> BuiltImage:
     """Run `warmup` in a container of the built image (with the GPU when the host has one) and
-    commit the result as the tagged image, keeping entrypoint, command, env and labels."""
+    commit the result as the tagged image, keeping entrypoint, command, env and labels. On any
+    failure (Ctrl-C included) the container and the untagged built image are removed."""
+    try:
+        return _bake(client, built, plan, ui, gpus)
+    except BaseException:
+        _remove_untagged(client, built.id)
+        raise
+
+
+def _bake(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: bool) -> BuiltImage:
     import docker
 
     started = time.perf_counter()
@@ -140,16 +151,21 @@ def bake_warmup(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: 
     kwargs: dict[str, Any] = {}
     if gpus:
         kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    container = client.containers.create(
-        built.id, command=["warmup"], environment={"GPUX_CACHE_DIR": cache}, user="0", network_disabled=True, **kwargs
-    )
+    container = None
     try:
+        container = client.containers.create(
+            built.id, command=["warmup"], environment={"GPUX_CACHE_DIR": cache}, user="0", network_disabled=True,
+            labels={ROLE_LABEL: "warmup"}, **kwargs,
+        )  # fmt: skip
         container.start()
-        result = container.wait()
+        try:
+            result = container.wait(timeout=WARMUP_TIMEOUT)
+        except Exception as e:
+            raise BuildError(f"warmup did not finish within {WARMUP_TIMEOUT}s ({type(e).__name__})", "warmup") from None
         logs = container.logs().decode("utf-8", "replace").splitlines()
         if result.get("StatusCode") != 0:
             raise BuildError(f"warmup failed in the container (exit {result.get('StatusCode')})", "warmup", logs[-TAIL:])
-        repo, tagname = split_ref(plan.tag)
+        repo, tagname = parse_reference(plan.tag).repository_tag
         changes = [
             'CMD ["serve"]',
             f"ENV GPUX_CACHE_DIR={cache}",
@@ -157,8 +173,13 @@ def bake_warmup(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: 
             f"USER {_user(client, built.id)}",
         ]
         image = container.commit(repository=repo, tag=tagname, changes=changes)
+    except PackError:
+        raise
+    except docker.errors.APIError as e:
+        raise DockerError(f"warmup: the Docker engine refused: {str(e).splitlines()[0][:300]}") from None
     finally:
-        container.remove(force=True)
+        if container is not None:
+            remove_container(container)
     image.reload()
     return BuiltImage(
         tag=plan.tag,
@@ -168,6 +189,15 @@ def bake_warmup(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: 
         steps=built.steps,
         cached_steps=built.cached_steps,
     )
+
+
+def _remove_untagged(client: Any, image_id: str) -> None:
+    """A built image that never got its tag is garbage; one that is tagged elsewhere is kept."""
+    try:
+        if not client.images.get(image_id).tags:
+            client.images.remove(image_id, noprune=False)
+    except Exception:
+        pass
 
 
 def _user(client: Any, image_id: str) -> str:

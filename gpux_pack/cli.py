@@ -61,6 +61,13 @@ def _options(tag, base_image, platform, warmup):
 
     if warmup is not None and warmup not in ("auto", "always", "never"):
         raise typer.BadParameter(f"'{warmup}' is not auto, always or never", param_hint="--warmup")
+    if base_image is not None and base_image not in ("default", "vendor"):
+        from gpux_pack.reference import parse_reference
+
+        try:
+            parse_reference(base_image)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--base-image") from None
     if platform is not None:
         from gpux_pack.wheels import ARCHES
 
@@ -92,6 +99,7 @@ def build(
     cli = providers.parse_provider_list(provider)
     loaded = pipeline.load(path)
     image_tag(loaded.project, "cpu", tag)  # a bad tag fails now, not after the build
+    pipeline.check_model(loaded, cli)  # ... and so does a model the image's onnxruntime cannot load
     client = engine.connect()
     decision = pipeline.choose_providers(loaded, cli, client, ui)
     if tag and len(decision.providers) > 1 and "{provider}" not in tag:
@@ -186,6 +194,7 @@ def render(
         raise typer.BadParameter("a baked warmup needs `gpux-pack build`", param_hint="--warmup")
     cli = providers.parse_provider_list(provider)
     loaded = pipeline.load(path)
+    pipeline.check_model(loaded, cli)
     client = engine.try_connect()
     decision = pipeline.choose_providers(loaded, cli, client, ui)
     if len(decision.providers) > 1:
@@ -255,9 +264,10 @@ LinkCheckOpt = typer.Option(True, "--link-check/--no-link-check", help="Check th
 def _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_check, client, ui, refresh):
     from gpux_pack import pipeline
 
-    [name] = providers.parse_provider_list(provider) or ["?"]
-    if name == "auto" or name == "?":
-        raise typer.BadParameter("name one provider", param_hint="--provider")
+    names = providers.parse_provider_list(provider)
+    if len(names) != 1 or names[0] == "auto":
+        raise typer.BadParameter("a runtime base image is for one provider: name one (not auto)", param_hint="--provider")
+    name = names[0]
     if cuda not in ("12", "13"):
         raise typer.BadParameter(f"'{cuda}' is not 13 or 12", param_hint="--cuda")
     if nvidia_libs not in (None, "wheels", "base"):
@@ -341,8 +351,10 @@ def schema() -> None:
 
 
 def _print_error(e: PackError, prefix: str = "") -> None:
-    """One line; a failed build adds the end of the failing step's output."""
-    print(f"error: {prefix}{e}", file=sys.stderr)
+    """One line; a failed build adds the end of the failing step's output. A user's value with
+    a line break in it never splits the line."""
+    text = str(e) if isinstance(e, BuildError) else " ".join(str(e).splitlines())
+    print(f"error: {prefix}{text}", file=sys.stderr)
     if isinstance(e, BuildError) and e.log_tail:
         print("last lines of its output:", file=sys.stderr)
         for line in e.log_tail:

@@ -1,47 +1,42 @@
-"""gpux.yml: the GPUX format plus the optional `pack:` section.
+"""gpux.yml's schema: the GPUX format plus the optional `pack:` section.
 
-Loading keeps the YAML line of every key, so a bad field is reported as
-`gpux.yml:12: inputs.image.type: unknown type 'flaot32' (did you mean 'float32'?)`.
-"""
+Every value that later reaches a Dockerfile, a path or gpux.json is constrained here (names,
+versions, label keys, image references, hosts, finite bounded numbers); project.py loads the
+file and turns pydantic's errors into `gpux.yml:12: field: problem` lines."""
 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 import string
-import types
-import typing
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
-    BaseModel,
+    AfterValidator,
     BeforeValidator,
     ConfigDict,
+    BaseModel,
     Field,
-    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from gpux_pack.errors import ConfigError, UsageError
-from gpux_pack.providers import NOT_FOR_LINUX, PROVIDERS, SHORT_NAMES
+from gpux_pack.providers import NOT_FOR_LINUX, PROVIDERS, SHORT_NAMES, provider_name, provider_names
+from gpux_pack.reference import parse_reference
 from gpux_pack.runtime.dtypes import DTYPES, canonical
 
 CONFIG_NAMES = ("gpux.yml", "gpux.yaml")
-ProviderName = Literal["auto", "cpu", "cuda", "tensorrt", "rocm", "migraphx", "openvino"]
-Backend = Literal[
-    "auto", "cpu", "cuda", "tensorrt", "rocm", "migraphx", "openvino", "coreml", "directml", "metal",
-    "dx12", "vulkan",
-]  # fmt: skip
+Backend = Literal[("auto", *SHORT_NAMES, *NOT_FOR_LINUX)]  # type: ignore[valid-type]
+MAX_SIZE = 2**31 - 1  # a tensor dimension, a profile size
+MAX_SECONDS = 86_400.0
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are not JSON: gpux.json is strict, and a timeout of .inf crashes a server
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _to_str(value: Any) -> Any:
@@ -51,19 +46,72 @@ def _to_str(value: Any) -> Any:
 
 Text = Annotated[str, BeforeValidator(_to_str)]
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", re.ASCII)
+_LABEL_KEY = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,254}[A-Za-z0-9])?", re.ASCII)
+
+
+def _shown(value: str) -> str:
+    """A user's value in a message: control characters and line breaks made visible, long
+    values cut."""
+    value = value if len(value) <= 80 else value[:60] + "..."
+    return ascii(value) if not value.isprintable() else f"'{value}'"
+
+
+def _matching(pattern: re.Pattern[str], what: str) -> Any:
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{_shown(value)} is not a valid {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+ModelName = Annotated[
+    Text,
+    _matching(_NAME, "name: letters, digits, '.', '_' and '-', at most 128, starting with a letter or digit "
+                     "(it names the image and the KServe v2 model URL)"),
+    WithJsonSchema({"type": "string", "pattern": f"^{_NAME.pattern}$"}),
+]  # fmt: skip
+Version = Annotated[
+    Text,
+    _matching(_VERSION, "version: letters, digits, '.', '_', '+' and '-', at most 128"),
+    WithJsonSchema({"type": "string", "pattern": f"^{_VERSION.pattern}$"}),
+]
+LabelKey = Annotated[
+    str,
+    _matching(_LABEL_KEY, "label key: letters, digits, '.', '/', '_' and '-' (e.g. com.example.team)"),
+    WithJsonSchema({"type": "string", "pattern": f"^{_LABEL_KEY.pattern}$"}),
+]
+
+
+def _image_reference(value: str) -> str:
+    if value in ("default", "vendor"):
+        return value
+    parse_reference(value)  # ValueError says what is wrong
+    return value
+
+
+ImageRef = Annotated[str, AfterValidator(_image_reference)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_MAX_BYTES = 1024**5
 
 
 def parse_memory(value: Any) -> int:
     """'2GB' -> bytes. GPU memory sizes are binary (2GB = 2 GiB), as GPUX reads them."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_BYTES:
         return value
-    m = _MEMORY.match(str(value))
+    m = _MEMORY.fullmatch(str(value)) if len(str(value)) <= 32 else None
     if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"'{value}' is not a size such as 512MB or 2GB")
+        raise ValueError(f"{_shown(str(value))} is not a size such as 512MB or 2GB")
     unit = (m.group(2) or "").upper()[:1]
-    return int(float(m.group(1)) * _UNITS[unit])
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if size > _MAX_BYTES:
+        raise ValueError(f"{_shown(str(value))} is more than 1 PiB")
+    return size
 
 
 Memory = Annotated[
@@ -81,8 +129,12 @@ def _dim(value: Any) -> int | str:
     if isinstance(value, int):
         if value < -1:
             raise ValueError(f"dimension {value} is negative; use -1 or a name for a dynamic one")
+        if value > MAX_SIZE:
+            raise ValueError(f"dimension {value} is larger than {MAX_SIZE}")
         return value
     if isinstance(value, str) and value.strip():
+        if not value.strip().isprintable() or len(value) > 128:
+            raise ValueError(f"dimension name {_shown(value)} must be printable text of at most 128 characters")
         return value.strip()
     raise ValueError(f"dimension {value!r} must be a size, -1 or a name such as 'batch'")
 
@@ -109,15 +161,28 @@ DType = Annotated[
 
 
 class TensorSpec(_Section):
-    """One input or output, as GPUX writes it."""
+    """One input or output: as gpux.yml declares it, and (with every field set) as the model
+    has it. The packager's only tensor type; the runtime has its own."""
 
     name: Text
     type: DType | None = None
-    shape: list[Dim] | None = None
+    shape: tuple[Dim, ...] | None = None
     required: bool = True
-    max_length: int | None = None
-    labels: list[Text] | None = None
+    max_length: int | None = Field(None, ge=1, le=MAX_SIZE)
+    labels: tuple[Text, ...] | None = None
     description: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry in gpux.json."""
+        out: dict[str, Any] = {"name": self.name, "type": self.type,
+                               "shape": list(self.shape) if self.shape is not None else None}
+        if not self.required:
+            out["required"] = False
+        for key in ("labels", "description", "max_length"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if key == "labels" else value
+        return out
 
 
 def _tensor_list(value: Any) -> Any:
@@ -141,7 +206,8 @@ TensorList = Annotated[list[TensorSpec], BeforeValidator(_tensor_list)]
 class ModelSection(_Section):
     source: str
     format: Literal["onnx"] = "onnx"
-    version: Text | None = None
+
+    version: Version | None = None
 
     @field_validator("source")
     @classmethod
@@ -150,6 +216,8 @@ class ModelSection(_Section):
             raise ValueError("only local files are packaged; download the model and point to it")
         if not v.strip():
             raise ValueError("is empty")
+        if not v.isprintable() or len(v) > 4096:
+            raise ValueError(f"{_shown(v)} is not a usable path (control characters or line breaks)")
         return v
 
 
@@ -168,17 +236,27 @@ class GPUSection(_Section):
 
 class RuntimeSection(_Section):
     gpu: GPUSection = GPUSection()
-    timeout: float = Field(30, gt=0)
-    batch_size: int = Field(1, ge=1)
+    timeout: Seconds = 30
+    batch_size: int = Field(1, ge=1, le=65536)
     enable_profiling: bool = False
 
 
 class ServingSection(_Section):
     port: int = Field(8080, ge=1, le=65535)
-    host: str = "0.0.0.0"
-    batch_size: int = Field(1, ge=1)
-    timeout: float = Field(5, gt=0)
+    host: str = Field("0.0.0.0", description="Address the server binds: an IPv4/IPv6 address or localhost")
+    batch_size: int = Field(1, ge=1, le=65536)
+    timeout: Seconds = 5
     max_workers: int = Field(4, ge=1, le=256)
+
+    @field_validator("host")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if v != "localhost":
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"{_shown(v)} is not an IP address to bind (e.g. 0.0.0.0, ::, 127.0.0.1)") from None
+        return v
 
 
 class PreprocessingSection(_Section):
@@ -191,10 +269,13 @@ class PreprocessingSection(_Section):
     custom: dict[str, Any] | None = None
 
 
+ProfileDims = list[Annotated[int, Field(ge=0, le=MAX_SIZE)]]
+
+
 class TensorRTProfile(_Section):
-    min: list[int]
-    opt: list[int]
-    max: list[int]
+    min: ProfileDims
+    opt: ProfileDims
+    max: ProfileDims
 
     @model_validator(mode="after")
     def _ordered(self) -> "TensorRTProfile":
@@ -228,9 +309,14 @@ _TAG_FIELDS = {"name", "version", "provider"}
 class PackSection(_Section):
     """Packaging settings (gpux-pack's own; plain GPUX files need none)."""
 
-    providers: Annotated[list[ProviderName], BeforeValidator(_one_or_many)] = []
+    providers: Annotated[
+        list[Annotated[str, AfterValidator(provider_name)]],
+        BeforeValidator(_one_or_many),
+        AfterValidator(provider_names),
+        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"enum": ["auto", *SHORT_NAMES]}}]}),
+    ] = []
     base_image: Annotated[
-        dict[str, str],
+        dict[str, ImageRef],
         BeforeValidator(_per_provider),
         WithJsonSchema(
             {"anyOf": [{"type": "string"}, {"type": "object", "additionalProperties": {"type": "string"}}]}
@@ -241,7 +327,7 @@ class PackSection(_Section):
     requirements: list[str] = []
     warmup: Literal["auto", "always", "never"] = "auto"
     tensorrt: TensorRTSection = TensorRTSection()
-    labels: dict[str, Text] = {}
+    labels: dict[LabelKey, Text] = {}
     cuda: Annotated[Literal["12", "13"], BeforeValidator(_to_str)] = Field(
         "13", description="CUDA major version of the cuda/tensorrt images (ONNX Runtime <= 1.26 for 12)"
     )
@@ -253,7 +339,7 @@ class PackSection(_Section):
     link_check: bool = Field(
         True, description="Check at build time that the provider's shared libraries resolve in the image"
     )
-    device_id: int = Field(0, ge=0, description="GPU the CUDA/TensorRT/ROCm/MIGraphX provider uses")
+    device_id: int = Field(0, ge=0, le=1023, description="GPU the CUDA/TensorRT/ROCm/MIGraphX provider uses")
     provider_options: dict[str, dict[str, Union[str, int, float, bool]]] = Field(
         {}, description="Extra ONNX Runtime provider options, by provider (cuda: {cudnn_conv_algo_search: HEURISTIC})"
     )
@@ -306,8 +392,8 @@ class GpuxConfig(_Section):
 
     model_config = ConfigDict(extra="forbid", frozen=True, title="gpux.yml")
 
-    name: Text = Field(min_length=1)
-    version: Text = "1.0.0"
+    name: ModelName
+    version: Version = "1.0.0"
     description: str | None = None
     model: ModelSection
     inputs: TensorList | None = None
@@ -347,201 +433,6 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading
-
-
-@dataclass(frozen=True)
-class Project:
-    """A loaded gpux.yml: the config, where it lives, and the line of every key."""
-
-    config_path: Path
-    config: GpuxConfig
-    lines: dict[tuple[Any, ...], int]
-
-    @property
-    def root(self) -> Path:
-        return self.config_path.parent
-
-    @property
-    def display(self) -> str:
-        return _display(self.config_path)
-
-    @property
-    def model_path(self) -> Path:
-        return (self.root / self.config.model.source).resolve()
-
-    def error(self, path: tuple[Any, ...], problem: str) -> ConfigError:
-        """A ConfigError pointing at a field of this file."""
-        return ConfigError(self.display, _dotted(path), problem, self.line(path))
-
-    def line(self, path: tuple[Any, ...]) -> int | None:
-        while path:
-            if path in self.lines:
-                return self.lines[path]
-            path = path[:-1]
-        return None
-
-
-def find_config(path: Path) -> Path:
-    """PATH is a folder holding gpux.yml, or the file itself."""
-    if path.is_dir():
-        for name in CONFIG_NAMES:
-            if (path / name).is_file():
-                return path / name
-        raise UsageError(f"{_display(path)}: no gpux.yml in this folder")
-    if not path.exists():
-        raise UsageError(f"{_display(path)}: no such file or folder")
-    return path
-
-
-def load_project(path: Path) -> Project:
-    config_path = find_config(Path(path)).resolve()
-    display = _display(config_path)
-    try:
-        text = config_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(display, None, f"cannot read: {e}") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(display, None, f"invalid YAML: {problem}", mark.line + 1 if mark else None) from None
-    if data is None:
-        raise ConfigError(display, None, "is empty; it needs at least `name` and `model.source`")
-    if not isinstance(data, dict):
-        raise ConfigError(display, None, f"must be a mapping of fields, not a {type(data).__name__}", 1)
-    lines: dict[tuple[Any, ...], int] = {}
-    _positions(node, (), lines, display)
-    try:
-        config = GpuxConfig.model_validate(data)
-    except ValidationError as e:
-        raise _first_error(e, data, lines, display) from None
-    return Project(config_path, config, lines)
-
-
-def _positions(node: yaml.Node, path: tuple[Any, ...], out: dict, display: str) -> None:
-    """Record the 1-based line of every key and list item; reject duplicate keys (YAML keeps
-    the last one silently, which hides mistakes)."""
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = key_node.value
-            if key in seen:
-                raise ConfigError(display, _dotted((*path, key)), "duplicate key", key_node.start_mark.line + 1)
-            seen.add(key)
-            out[(*path, key)] = key_node.start_mark.line + 1
-            _positions(value_node, (*path, key), out, display)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out[(*path, i)] = item.start_mark.line + 1
-            _positions(item, (*path, i), out, display)
-
-
-def _first_error(err: ValidationError, data: dict, lines: dict, display: str) -> ConfigError:
-    problems = []
-    for item in err.errors():
-        path = _yaml_path(data, item["loc"])
-        problems.append((lines.get(path) or _nearest(lines, path) or 0, path, item))
-    problems.sort(key=lambda p: p[0])
-    line, path, item = problems[0]
-    message = _message(item)
-    if len(problems) > 1:
-        message += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
-    return ConfigError(display, _dotted(path) or None, message, line or None)
-
-
-def _yaml_path(data: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """pydantic's location -> the path in the YAML document. Mapping-form inputs/outputs are
-    validated as lists, so list indexes are turned back into the mapping's keys."""
-    path: list[Any] = []
-    node = data
-    for part in loc:
-        if isinstance(node, dict) and isinstance(part, int) and part < len(node):
-            part = list(node)[part]
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        else:
-            node = None
-        path.append(part)
-    return tuple(path)
-
-
-def _nearest(lines: dict, path: tuple[Any, ...]) -> int | None:
-    while path:
-        path = path[:-1]
-        if path in lines:
-            return lines[path]
-    return None
-
-
-def _message(item: dict[str, Any]) -> str:
-    kind, loc = item["type"], item["loc"]
-    if kind == "extra_forbidden":
-        allowed = _fields_at(loc[:-1])
-        return f"unknown key '{loc[-1]}'{_hint(str(loc[-1]), allowed)}"
-    if kind == "missing":
-        return "is required"
-    msg = item["msg"]
-    msg = re.sub(r"^(Value|Assertion) error, ", "", msg)
-    if kind == "literal_error":
-        msg = f"'{item.get('input')}' is not one of {item['ctx']['expected']}"
-    return msg
-
-
-def _fields_at(loc: tuple[Any, ...]) -> list[str]:
-    """The keys allowed at a location, for 'did you mean' hints."""
-    t: Any = GpuxConfig
-    for part in loc:
-        t = _unwrap(t)
-        if isinstance(t, type) and issubclass(t, BaseModel):
-            field = t.model_fields.get(part) if isinstance(part, str) else None
-            if field is None:
-                return []
-            t = field.annotation
-        elif typing.get_origin(t) in (list, tuple):
-            t = typing.get_args(t)[0]
-        elif typing.get_origin(t) is dict:
-            t = typing.get_args(t)[1]
-        else:
-            return []
-    t = _unwrap(t)
-    if typing.get_origin(t) in (list, tuple):  # e.g. inputs: the item's fields
-        t = _unwrap(typing.get_args(t)[0])
-    return list(t.model_fields) if isinstance(t, type) and issubclass(t, BaseModel) else []
-
-
-def _unwrap(t: Any) -> Any:
-    while True:
-        origin = typing.get_origin(t)
-        if origin is Annotated:
-            t = typing.get_args(t)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(t) if a is not type(None)]
-            t = args[0]
-        else:
-            return t
-
-
 def _hint(word: str, choices: Any) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _dotted(path: tuple[Any, ...]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _display(path: Path) -> str:
-    """Paths in messages are relative to the working folder when they are inside it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpux_pack.errors import DockerError, UsageError
-from gpux_pack.plan import BaseImage
-from gpux_pack.providers import HostInfo
+from gpux_pack.errors import DockerError, PackError, UsageError
+from gpux_pack.providers import BaseImage, HostInfo
+from gpux_pack.reference import parse_reference
 from gpux_pack.wheels import ARCHES, cache_dir
+
+# Every container the CLI creates carries this label, so a test (or a user) can check that
+# none is ever left behind: `docker ps -a --filter label=io.gpux.pack.role`.
+ROLE_LABEL = "io.gpux.pack.role"
 
 
 def connect() -> Any:
@@ -96,18 +101,19 @@ _PROBE = (
 )
 
 
-def probe_base(client: Any, image: str, pull: bool, log: Callable[[str], None]) -> BaseImage | None:
+def probe_base(client: Any, base: BaseImage, pull: bool, log: Callable[[str], None]) -> BaseImage | None:
     """Read Python, glibc and architecture from the base image itself (cached by image id).
     None when the image is absent and may not be pulled."""
     import docker
 
+    image = base.image
     try:
         img = client.images.get(image)
     except docker.errors.ImageNotFound:
         if not pull:
             return None
         log(f"pulling base image {image}")
-        repo, tag = split_ref(image)
+        repo, tag = parse_reference(image).repository_tag
         try:
             client.api.pull(repo, tag=tag)
             img = client.images.get(image)
@@ -131,38 +137,50 @@ def probe_base(client: Any, image: str, pull: bool, log: Callable[[str], None]) 
         raise UsageError(f"{image} has no glibc (musl/Alpine?); ONNX Runtime wheels need a glibc base")
     major, minor = (int(p) for p in version.split(".")[:2])
     arch = ARCHES.get(f"linux/{img.attrs.get('Architecture', 'amd64')}", facts["machine"])
-    return BaseImage(image, facts["python"], (major, minor), arch, probed=True)
+    return replace(base, python=facts["python"], glibc=(major, minor), arch=arch, probed=True)
 
 
 def _run_probe(client: Any, image: str) -> dict[str, Any]:
+    """Run python3 in the base image. The container is removed on every path: a base without
+    python3 fails at start, after the container exists."""
     import docker
 
+    container = None
     try:
-        out = client.containers.run(
-            image, entrypoint=["python3", "-c", _PROBE], remove=True, network_disabled=True, user="0"
-        )
-        return json.loads(out.decode().strip().splitlines()[-1])
-    except docker.errors.ContainerError as e:
-        raise UsageError(f"{image}: python3 failed in the base image ({_short(e)})") from None
+        container = client.containers.create(
+            image, entrypoint=["python3", "-c", _PROBE], network_disabled=True, user="0",
+            labels={ROLE_LABEL: "probe"},
+        )  # fmt: skip
+        container.start()
+        code = container.wait(timeout=120).get("StatusCode")
+        out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        if code != 0:
+            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace").strip().splitlines()
+            raise UsageError(f"{image}: python3 failed in the base image (exit {code}: {err[-1][:200] if err else ''})")
+        return json.loads(out.strip().splitlines()[-1])
+    except PackError:
+        raise
     except docker.errors.APIError as e:
         if "executable file not found" in str(e) or "no such file" in str(e).lower():
             raise UsageError(
                 f"{image} has no python3 on PATH; use a base with Python 3.11+ (e.g. python:3.11-slim)"
             ) from None
         raise DockerError(f"cannot run base image {image}: {_short(e)}") from None
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, KeyError, TypeError):
         raise UsageError(f"{image}: cannot read its Python version") from None
+    except Exception as e:  # the engine went away, or the probe hung past its timeout
+        raise DockerError(f"cannot run base image {image}: {_short(e)}") from None
+    finally:
+        if container is not None:
+            remove_container(container)
 
 
-def split_ref(ref: str) -> tuple[str, str]:
-    if "@" in ref:
-        repo, digest = ref.split("@", 1)
-        return repo, digest
-    last = ref.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = ref.rsplit(":", 1)
-        return repo, tag
-    return ref, "latest"
+def remove_container(container: Any) -> None:
+    """Remove a container we created, whatever state it is in; never raises."""
+    try:
+        container.remove(force=True)
+    except Exception:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,37 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpux_pack.config import Project, TensorSpec
+from gpux_pack.config import TensorSpec
+from gpux_pack.project import Project
 from gpux_pack.errors import ModelError
 from gpux_pack.runtime.dtypes import ONNX_TO_NAME
 
-Dim = int | str  # >= 0 fixed; -1 dynamic without a name; str dynamic with a name
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    dtype: str  # canonical dtype (float32, int64, ...) or "sequence"/"map"/"optional" for non-tensors
-    shape: tuple[Dim, ...] | None  # None: rank unknown
-    required: bool = True
-    labels: tuple[str, ...] | None = None
-    description: str | None = None
-    max_length: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "type": self.dtype,
-                               "shape": list(self.shape) if self.shape is not None else None}
-        if not self.required:
-            out["required"] = False
-        for key in ("labels", "description", "max_length"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = list(value) if key == "labels" else value
-        return out
+# Domains whose operators every onnxruntime build implements (model-local functions add theirs).
+ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc"})
+_DECIMAL = re.compile(r"[0-9]{1,19}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -47,8 +29,10 @@ class ModelInfo:
     opset: int
     ir_version: int
     producer: str
-    inputs: tuple[Tensor, ...]
-    outputs: tuple[Tensor, ...]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    opsets: dict[str, int]  # domain -> version the model imports
+    custom_ops: tuple[str, ...]  # "domain:Op" of nodes no onnxruntime build implements
 
 
 def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
@@ -71,16 +55,7 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     external: list[str] = []
     for tensor in _all_tensors(proto.graph):
         if external_data_helper.uses_external_data(tensor):
-            info = {e.key: e.value for e in tensor.external_data}
-            location = info.get("location", "")
-            target = (path.parent / location).resolve()
-            if os.path.isabs(location) or path.parent.resolve() not in target.parents:
-                raise ModelError(shown, f"external data '{location}' is outside the model's folder")
-            if not target.is_file():
-                raise ModelError(shown, f"external data file '{location}' is missing (tensor {tensor.name})")
-            end = int(info.get("offset", 0)) + int(info.get("length", 0))
-            if end > target.stat().st_size:
-                raise ModelError(shown, f"external data file '{location}' is truncated (tensor {tensor.name})")
+            location = _external_file(path, shown, tensor)
             if location not in external:
                 external.append(location)
 
@@ -90,14 +65,19 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
         raise ModelError(shown, f"fails the ONNX checker: {_first_line(e)}") from None
 
     initializers = {init.name for init in proto.graph.initializer}
+    initializers |= {s.values.name for s in proto.graph.sparse_initializer}
     inputs = tuple(
         _tensor(v, shown, required=v.name not in initializers) for v in proto.graph.input
     )
     outputs = tuple(_tensor(v, shown) for v in proto.graph.output)
     for t in inputs:
-        if t.dtype in ("sequence", "map", "optional"):
-            raise ModelError(shown, f"input '{t.name}' is a {t.dtype}; only tensor inputs can be served")
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if t.type in ("sequence", "map", "optional"):
+            raise ModelError(shown, f"input '{t.name}' is a {t.type}; only tensor inputs can be served")
+    opsets = {o.domain or "ai.onnx": o.version for o in proto.opset_import}
+    opset = opsets.get("ai.onnx", 0)
+    local = {f.domain for f in proto.functions}
+    custom = sorted({f"{n.domain}:{n.op_type}" for n in _all_nodes(proto.graph)
+                     if n.domain not in ORT_DOMAINS and n.domain not in local})
     files = (path.name, *sorted(external))
     digest, size = _digest(path.parent, files)
     return ModelInfo(
@@ -110,44 +90,97 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
         producer=" ".join(p for p in (proto.producer_name, proto.producer_version) if p),
         inputs=inputs,
         outputs=outputs,
+        opsets=opsets,
+        custom_ops=tuple(custom),
     )
 
 
+def _external_file(path: Path, shown: str, tensor: Any) -> str:
+    """The external data file of a tensor, checked: a plain relative path inside the model's
+    folder (no '..', no absolute path), a regular file, and a non-negative offset and length
+    that fit in it. Returns the location as the model writes it (it is baked at that path)."""
+    info = {e.key: e.value for e in tensor.external_data}
+    location = info.get("location", "")
+    name = tensor.name or "(unnamed)"
+    parts = PurePosixPath(location).parts
+    if (not location or not location.isprintable() or "\\" in location or location.startswith("/")
+            or any(p in ("..", ".") for p in parts) or os.path.isabs(location)):
+        raise ModelError(shown, f"external data location {ascii(location)} of tensor {name} must be a "
+                                "relative path inside the model's folder, without '..'")
+    target = path.parent / location
+    if not target.resolve().is_relative_to(path.parent.resolve()):
+        raise ModelError(shown, f"external data '{location}' is outside the model's folder")
+    if not target.is_file():
+        what = "is missing" if not target.exists() else "is not a regular file"
+        raise ModelError(shown, f"external data file '{location}' {what} (tensor {name})")
+    numbers = {}
+    for key in ("offset", "length"):
+        raw = info.get(key, "0")
+        if not _DECIMAL.fullmatch(raw):
+            raise ModelError(shown, f"external data {key} {ascii(raw)} of tensor {name} is not a non-negative integer")
+        numbers[key] = int(raw)
+    if numbers["offset"] + numbers["length"] > target.stat().st_size:
+        raise ModelError(shown, f"external data file '{location}' is truncated (tensor {name})")
+    return location
+
+
+def _all_nodes(graph: Any):
+    """Every node of a graph, subgraphs (If, Loop, Scan bodies) included."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _all_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from _all_nodes(sub)
+
+
 def _all_tensors(graph: Any):
-    """Every TensorProto of a graph: initializers and tensor attributes, subgraphs included."""
+    """Every TensorProto of a graph: initializers (sparse ones too) and tensor attributes,
+    subgraphs included: each may keep its data in an external file that must be baked."""
     yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
     for node in graph.node:
         for attr in node.attribute:
             if attr.HasField("t"):
                 yield attr.t
             yield from attr.tensors
+            if attr.HasField("sparse_tensor"):
+                yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
+            for sparse in attr.sparse_tensors:
+                yield from (sparse.values, sparse.indices)
             if attr.HasField("g"):
                 yield from _all_tensors(attr.g)
             for sub in attr.graphs:
                 yield from _all_tensors(sub)
 
 
-def _tensor(value: Any, shown: str, required: bool = True) -> Tensor:
+def _tensor(value: Any, shown: str, required: bool = True) -> TensorSpec:
+    """A graph input/output as the model has it (trusted data: built without re-validation)."""
     kind = value.type.WhichOneof("value")
     if kind != "tensor_type":
         names = {"sequence_type": "sequence", "map_type": "map", "optional_type": "optional"}
-        return Tensor(value.name, names.get(kind or "", "unknown"), None, required)
+        return TensorSpec.model_construct(name=value.name, type=names.get(kind or "", "unknown"), shape=None,
+                                          required=required, max_length=None, labels=None, description=None)
     tt = value.type.tensor_type
     dtype = ONNX_TO_NAME.get(tt.elem_type)
     if dtype is None:
         import onnx
 
-        raise ModelError(
-            shown,
-            f"'{value.name}' has element type {onnx.TensorProto.DataType.Name(tt.elem_type)},"
-            " which JSON requests cannot carry",
-        )
-    shape: tuple[Dim, ...] | None = None
+        try:
+            kind = onnx.TensorProto.DataType.Name(tt.elem_type)
+        except ValueError:
+            kind = f"#{tt.elem_type} (unknown)"
+        raise ModelError(shown, f"{ascii(value.name)} has element type {kind}, which JSON requests cannot carry")
+    shape: tuple[int | str, ...] | None = None
     if tt.HasField("shape"):
         shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or -1) for d in tt.shape.dim
+            (d.dim_value if d.dim_value >= 0 else -1) if d.HasField("dim_value") else (d.dim_param or -1)
+            for d in tt.shape.dim
         )
-    return Tensor(value.name, dtype, shape, required)
+    return TensorSpec.model_construct(name=value.name, type=dtype, shape=shape, required=required,
+                                      max_length=None, labels=None, description=None)
 
 
 def _digest(folder: Path, files: tuple[str, ...]) -> tuple[str, int]:
@@ -172,62 +205,59 @@ def _first_line(e: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Signature:
-    inputs: tuple[Tensor, ...]
-    outputs: tuple[Tensor, ...]
+    inputs: tuple[TensorSpec, ...]  # what clients send: listed in /info and KServe v2 metadata
+    outputs: tuple[TensorSpec, ...]
+    overridable: tuple[TensorSpec, ...] = ()  # initializers the graph also lists as inputs
 
 
 def reconcile(project: Project, model: ModelInfo) -> Signature:
     """Inputs/outputs to serve: the config's when given (checked against the model: names,
-    types, ranks, fixed dims), else the model's own."""
+    types, ranks, fixed dims), else the model's own. Initializers that a graph lists as
+    inputs (IR-3 model-zoo graphs list hundreds) stay accepted but are not listed, unless
+    gpux.yml lists them."""
     cfg = project.config
     inputs = _merge(project, "inputs", cfg.inputs, model.inputs, all_required=True)
+    if cfg.inputs is None:
+        inputs = tuple(t for t in inputs if t.required)
+    listed = {t.name for t in inputs}
+    overridable = tuple(t for t in model.inputs if not t.required and t.name not in listed)
     outputs = _merge(project, "outputs", cfg.outputs, model.outputs, all_required=False)
-    return Signature(inputs, outputs)
+    return Signature(inputs, outputs, overridable)
 
 
 def _merge(
     project: Project,
     section: str,
     declared: list[TensorSpec] | None,
-    actual: tuple[Tensor, ...],
+    actual: tuple[TensorSpec, ...],
     all_required: bool,
-) -> tuple[Tensor, ...]:
+) -> tuple[TensorSpec, ...]:
     if declared is None:
         return actual
     by_name = {t.name: t for t in actual}
-    names = ", ".join(by_name)
-    out: list[Tensor] = []
+    names = ", ".join(by_name) if len(by_name) <= 20 else ", ".join(list(by_name)[:20]) + ", ..."
+    out: list[TensorSpec] = []
     for index, spec in enumerate(declared):
         where = _where(project, section, index, spec.name)
         model_t = by_name.get(spec.name)
         if model_t is None:
             kind = section[:-1]
             raise project.error(where, f"the model has no {kind} '{spec.name}' (it has: {names})")
-        if spec.type is not None and model_t.dtype not in ("sequence", "map", "optional"):
-            if spec.type != model_t.dtype:
+        if spec.type is not None and model_t.type not in ("sequence", "map", "optional"):
+            if spec.type != model_t.type:
                 raise project.error(
-                    (*where, "type"), f"{spec.type} does not match the model's {model_t.dtype}"
+                    (*where, "type"), f"{spec.type} does not match the model's {model_t.type}"
                 )
         shape = model_t.shape
         if spec.shape is not None:
             shape = _merge_shape(project, (*where, "shape"), spec.shape, model_t.shape)
-        required = model_t.required
         if section == "inputs" and not spec.required and model_t.required:
             raise project.error(
                 (*where, "required"),
                 f"'{spec.name}' has no default in the model (not an initializer), so it is required",
             )
-        out.append(
-            Tensor(
-                spec.name,
-                model_t.dtype,
-                shape,
-                required and spec.required,
-                tuple(spec.labels) if spec.labels is not None else None,
-                spec.description,
-                spec.max_length,
-            )
-        )
+        out.append(spec.model_copy(update={"type": model_t.type, "shape": shape,
+                                           "required": model_t.required and spec.required}))
     if all_required:
         listed = {t.name for t in out}
         missing = [t.name for t in actual if t.required and t.name not in listed]
@@ -243,15 +273,15 @@ def _where(project: Project, section: str, index: int, name: str) -> tuple[Any, 
 
 
 def _merge_shape(
-    project: Project, where: tuple[Any, ...], declared: list[Dim], actual: tuple[Dim, ...] | None
-) -> tuple[Dim, ...]:
+    project: Project, where: tuple[Any, ...], declared: tuple[int | str, ...], actual: tuple[int | str, ...] | None
+) -> tuple[int | str, ...]:
     if actual is None:
         return tuple(declared)
     if len(declared) != len(actual):
         raise project.error(
             where, f"rank {len(declared)} {list(declared)} does not match the model's rank {len(actual)} {list(actual)}"
         )
-    merged: list[Dim] = []
+    merged: list[int | str] = []
     for i, (d, a) in enumerate(zip(declared, actual)):
         if isinstance(a, int) and a >= 0:
             if isinstance(d, int) and d >= 0 and d != a:

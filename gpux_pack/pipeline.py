@@ -10,9 +10,10 @@ from typing import Any
 
 from gpux_pack import context as contexts
 from gpux_pack import engine, providers, render, wheels
-from gpux_pack.config import Project, load_project
+from gpux_pack.project import Project, load_project
 from gpux_pack.model import ModelInfo, Signature, inspect_model, reconcile
-from gpux_pack.plan import BaseImage, Options, Plan, assumed_base, base_spec_for, make_plan, runtime_config
+from gpux_pack.plan import Options, Plan, assumed_base, check_model_for, choose_base, make_plan, runtime_config
+from gpux_pack.providers import BaseImage
 from gpux_pack.ui import Reporter
 
 
@@ -40,6 +41,8 @@ def load(path: Path) -> Loaded:
         raise project.error(("model", "source"), f"file not found: {model_path}")
     if model_path.is_dir():
         raise project.error(("model", "source"), f"is a folder, not an .onnx file: {model_path}")
+    if not model_path.is_file():
+        raise project.error(("model", "source"), f"is not a regular file (a FIFO or device?): {model_path}")
     model = inspect_model(model_path, _shown(model_path))
     return Loaded(project, model, reconcile(project, model))
 
@@ -51,12 +54,21 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def check_model(loaded: Loaded, cli: list[str]) -> None:
+    """Before Docker: when the providers are known without asking the host, the model must
+    load in each one's onnxruntime (opsets, operators). `auto` is checked once decided."""
+    cfg = loaded.project.config
+    decision = providers.decide(cli, list(cfg.pack.providers), cfg.runtime.gpu.backend, None)
+    if not decision.from_host:
+        for name in decision.providers:
+            check_model_for(loaded.model, providers.get(name, cuda=cfg.pack.cuda))
+
+
 def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Reporter) -> providers.Decision:
     cfg = loaded.project.config
-    pack = list(cfg.pack.providers)
-    needs_host = not [p for p in [*cli, *pack] if p != "auto"] and cfg.runtime.gpu.backend == "auto"
-    host = engine.host_info(client) if (needs_host and client is not None) else None
-    decision = providers.decide(cli, pack, cfg.runtime.gpu.backend, host)
+    decision = providers.decide(cli, list(cfg.pack.providers), cfg.runtime.gpu.backend, None)
+    if decision.from_host and client is not None:
+        decision = providers.decide(cli, list(cfg.pack.providers), cfg.runtime.gpu.backend, engine.host_info(client))
     ui.info(f"provider: {', '.join(decision.providers)} ({decision.reason})")
     return decision
 
@@ -68,21 +80,22 @@ def plan_for(
     image itself; without one (render, unit tests), the provider table's facts are assumed."""
     project = loaded.project
     provider = providers.get(provider_name, cuda=project.config.pack.cuda)
-    spec = base_spec_for(project, provider, options)
-    base = base_facts(spec, options.platform, project.config.pack.python, client, ui, pull)
-    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options, spec)
+    base = base_facts(choose_base(project, provider, options), options.platform, project.config.pack.python,
+                      client, ui, pull)
+    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options)
 
 
 def base_facts(
-    spec: providers.Base, platform: str | None, python: str | None, client: Any | None, ui: Reporter, pull: bool
+    base: BaseImage, platform: str | None, python: str | None, client: Any | None, ui: Reporter, pull: bool
 ) -> BaseImage:
     """Python, glibc and architecture of the base image: read from the image when an engine is
     there, else the provider table's facts (with pack.python, when given)."""
-    base = engine.probe_base(client, spec.image, pull=pull, log=ui.info) if client is not None else None
-    if base is None:
-        base = assumed_base(spec, platform, python)
-        ui.info(f"base image {spec.image} not inspected: assuming Python {base.python}, glibc {base.glibc[0]}.{base.glibc[1]}")
-    return base
+    probed = engine.probe_base(client, base, pull=pull, log=ui.info) if client is not None else None
+    if probed is None:
+        probed = assumed_base(base, platform, python)
+        ui.info(f"base image {base.image} not inspected: assuming Python {probed.python}, "
+                f"glibc {probed.glibc[0]}.{probed.glibc[1]}")
+    return probed
 
 
 def prepare(
@@ -100,10 +113,10 @@ def prepare(
     lock = wheels.resolve(plan.requirements, plan.target, refresh=refresh)
     ort_version = lock.version_of(plan.provider.ort) or "unknown"
     spec = runtime_config(plan, providers.session_providers(plan.provider, loaded.project.config), ort_version)
-    runtime = runtime_image(plan.provider, plan.base_spec, plan.link_check, lock)
-    if client is not None and engine.image_exists(client, runtime):
-        ui.info(f"building on the runtime base image {runtime}")
-        dockerfile = render.dockerfile(plan, lock, runtime_image=runtime)
+    runtime_base = runtime_base_tag(plan.provider, plan.base, plan.link_check, lock)
+    if client is not None and engine.image_exists(client, runtime_base):
+        ui.info(f"building on the runtime base image {runtime_base}")
+        dockerfile = render.dockerfile(plan, lock, runtime_base=runtime_base)
         return Prepared(plan, None, lock, dockerfile, contexts.assemble(plan, None, dockerfile, spec))
     wheelhouse = wheels.fetch(lock, log=ui.info)
     dockerfile = render.dockerfile(plan, lock)
@@ -114,7 +127,7 @@ def prepare(
 # runtime base images: a provider's wheels and runtime, without a model
 
 
-def runtime_image(provider: providers.Provider, base: providers.Base, link_check: bool, lock: wheels.Lock) -> str:
+def runtime_base_tag(provider: providers.Provider, base: BaseImage, link_check: bool, lock: wheels.Lock) -> str:
     """Tag of the runtime base image that fits this lock: a digest of everything inside it."""
     h = hashlib.sha256()
     h.update(render.runtime_dockerfile(provider, base, link_check).encode())
@@ -141,14 +154,14 @@ def prepare_runtime(
     link_check: bool, client: Any | None, ui: Reporter, pull: bool, refresh: bool = False,
 ) -> PreparedRuntime:
     provider = providers.get(provider_name, cuda=cuda)
-    spec = providers.base_for(provider, base_choice)
+    base = providers.base_for(provider, base_choice)
     if nvidia_libs:
-        spec = replace(spec, nvidia_libs=nvidia_libs)
-    base = base_facts(spec, platform, None, client, ui, pull)
+        base = replace(base, nvidia_libs=nvidia_libs)
+    base = base_facts(base, platform, None, client, ui, pull)
     target = wheels.Target(base.python, base.arch, base.glibc)
     ui.info(f"resolving wheels for {target.describe()}")
-    lock = wheels.resolve(provider.requirements(spec.nvidia_libs), target, refresh=refresh)
+    lock = wheels.resolve(provider.requirements(base.nvidia_libs), target, refresh=refresh)
     wheelhouse = wheels.fetch(lock, log=ui.info)
-    tag = runtime_image(provider, spec, link_check, lock)
-    dockerfile = render.runtime_dockerfile(provider, spec, link_check, tag=tag)
+    tag = runtime_base_tag(provider, base, link_check, lock)
+    dockerfile = render.runtime_dockerfile(provider, base, link_check, tag=tag)
     return PreparedRuntime(provider, tag, wheelhouse, dockerfile, contexts.assemble_runtime(wheelhouse, dockerfile))

@@ -7,32 +7,22 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from gpux_pack import __version__
-from gpux_pack.config import Project
-from gpux_pack.errors import UsageError
+from gpux_pack.errors import ModelError, UsageError
 from gpux_pack.model import ModelInfo, Signature
-from gpux_pack.providers import Base, Provider, base_for
+from gpux_pack.project import Project
+from gpux_pack.providers import BaseImage, Provider, base_for
+from gpux_pack.reference import parse_reference
 from gpux_pack.wheels import ARCHES, Target
 
 APP_DIR = "/opt/gpux"
 VENV = f"{APP_DIR}/venv"
 USER = "10001:10001"  # numeric: works on any base, needs no useradd in the final stage
 DEFAULT_TAG = "{name}:{version}-{provider}"
-
-
-@dataclass(frozen=True)
-class BaseImage:
-    """The base image and what it offers; `probed` when read from the image itself."""
-
-    image: str
-    python: str
-    glibc: tuple[int, int]
-    arch: str  # x86_64 | aarch64
-    probed: bool
 
 
 @dataclass(frozen=True)
@@ -54,7 +44,6 @@ class Plan:
     provider: Provider
     reason: str
     base: BaseImage
-    base_spec: Base  # what the table knows of the base: Python shipped? system packages?
     platform: str
     tag: str
     warmup: str  # none | at-start | baked
@@ -83,18 +72,17 @@ class Plan:
         return self.project.config.serving.port
 
 
-def base_spec_for(project: Project, provider: Provider, options: Options) -> Base:
+def choose_base(project: Project, provider: Provider, options: Options) -> BaseImage:
     """--base-image, else pack.base_image for this provider or for all, else the table's
     default. "vendor" names the provider's vendor image from the table."""
     images = project.config.pack.base_image
     return base_for(provider, options.base_image or images.get(provider.name) or images.get("*"))
 
 
-def assumed_base(spec: Base, platform: str | None, python: str | None = None) -> BaseImage:
+def assumed_base(base: BaseImage, platform: str | None, python: str | None = None) -> BaseImage:
     """What to assume of a base image that could not be inspected: the table's facts."""
     arch = ARCHES.get(platform or "linux/amd64", "x86_64")
-    python = python or _python_from_tag(spec.image) or spec.python
-    return BaseImage(spec.image, python, spec.glibc, arch, probed=False)
+    return replace(base, python=python or _python_from_tag(base.image) or base.python, arch=arch, probed=False)
 
 
 def _python_from_tag(image: str) -> str | None:
@@ -110,10 +98,9 @@ def make_plan(
     reason: str,
     base: BaseImage,
     options: Options,
-    spec: Base | None = None,
 ) -> Plan:
     cfg = project.config
-    spec = spec or base_spec_for(project, provider, options)
+    check_model_for(model, provider)
     if cfg.pack.python and base.probed and cfg.pack.python != base.python:
         raise project.error(("pack", "python"), f"is {cfg.pack.python} but {base.image} has Python {base.python}")
     version = _version(base.python)
@@ -139,14 +126,28 @@ def make_plan(
         provider=provider,
         reason=reason,
         base=base,
-        base_spec=spec,
         platform=platform,
         tag=image_tag(project, provider.name, options.tag),
         warmup=warmup_mode(options.warmup or cfg.pack.warmup, provider, options.host_has_gpu),
         created=_created(),
-        nvidia_libs=cfg.pack.nvidia_libs or spec.nvidia_libs,
+        nvidia_libs=cfg.pack.nvidia_libs or base.nvidia_libs,
         link_check=cfg.pack.link_check,
     )
+
+
+def check_model_for(model: ModelInfo, provider: Provider) -> None:
+    """The model must load in the onnxruntime the image carries: opsets it knows, operators it
+    implements. Otherwise the image builds and every container exits at start."""
+    ort = f"{provider.ort} {provider.version}"
+    for domain, newest in (("ai.onnx", provider.onnx_opset), ("ai.onnx.ml", provider.onnx_ml_opset)):
+        version = model.opsets.get(domain, 0)
+        if version > newest:
+            raise ModelError(model.path.name, f"imports opset {version} of {domain}; {ort} loads opsets up to {newest} "
+                                              "(export the model with an older opset)")
+    if model.custom_ops:
+        more = f" (and {len(model.custom_ops) - 1} more)" if len(model.custom_ops) > 1 else ""
+        raise ModelError(model.path.name, f"uses the custom operator {model.custom_ops[0]}{more}, which {ort} does not "
+                                          "implement; custom operator libraries are not packaged")
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -163,13 +164,6 @@ def warmup_mode(setting: str, provider: Provider, host_has_gpu: bool) -> str:
     return "baked" if provider.name == "tensorrt" and host_has_gpu else "at-start"
 
 
-_REF = re.compile(
-    r"^(?:(?:[a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+(?::\d+)?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$"
-)
-
-
 def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
     cfg = project.config
     template = cli_tag or cfg.pack.tag or DEFAULT_TAG
@@ -180,19 +174,28 @@ def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
     }
     try:
         tag = template.format(**fields)
-    except (KeyError, IndexError, ValueError) as e:
-        raise UsageError(f"--tag {template!r}: bad placeholder {e}; use {{name}}, {{version}}, {{provider}}") from None
-    if not _REF.match(tag):
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
+        raise UsageError(f"--tag {ascii(template)}: bad placeholder {e}; use {{name}}, {{version}}, {{provider}}") from None
+    try:
+        if parse_reference(tag).digest:
+            raise ValueError(f"'{tag}' has a digest; a tag names what is built")
+    except ValueError as e:
         source = "--tag" if cli_tag else ("pack.tag" if cfg.pack.tag else "name/version")
-        raise UsageError(f"{source}: '{tag}' is not a valid image reference (lowercase repository[:tag])")
+        raise UsageError(f"{source}: {e}") from None
     return tag
 
 
 def _created() -> str:
     """Build time, or SOURCE_DATE_EPOCH for reproducible builds."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch and epoch.isdigit() else datetime.now(timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if not epoch:
+        return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        if not re.fullmatch(r"[0-9]{1,11}", epoch):
+            raise ValueError
+        return datetime.fromtimestamp(int(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        raise UsageError(f"SOURCE_DATE_EPOCH={ascii(epoch)} is not a Unix time in seconds") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +243,8 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
             "opset": plan.model.opset,
         },
         "inputs": [t.to_json() for t in plan.signature.inputs],
+        # accepted on /predict and v2 infer, not listed: initializers the graph lists as inputs
+        "overridable_inputs": [t.to_json() for t in plan.signature.overridable],
         "outputs": [t.to_json() for t in plan.signature.outputs],
         "provider": plan.provider.name,
         "execution_providers": execution_providers,

@@ -23,8 +23,9 @@ NVIDIA_WHEEL_LIBS = ("nvidia/*/lib", "tensorrt_libs")  # nvidia/cu13/lib, nvidia
 
 
 @dataclass(frozen=True)
-class Base:
-    """A base image a provider can build on."""
+class BaseImage:
+    """A base image a provider can build on: what the table knows of it, then (probed=True)
+    what the image itself says of its Python, glibc and architecture."""
 
     image: str
     python: str  # its Python, for locking wheels when the image cannot be inspected
@@ -32,6 +33,8 @@ class Base:
     has_python: bool = True  # else python3 is installed with apt (vendor CUDA images)
     nvidia_libs: str = "wheels"  # "base": CUDA/cuDNN ship with the image, not as wheels
     system_packages: tuple[str, ...] = ()  # apt packages the provider needs on this base
+    arch: str = "x86_64"  # x86_64 | aarch64
+    probed: bool = False
 
     def packages(self, stage: str) -> tuple[str, ...]:
         """apt packages for the deps stage (which makes the venv) or the final stage."""
@@ -49,7 +52,7 @@ class Provider:
     min_glibc: tuple[int, int]  # the wheel's manylinux floor
     platforms: tuple[str, ...]
     execution_providers: tuple[str, ...]  # preference order, CPU last
-    bases: dict[str, Base]  # "default" and, for GPUs, the vendor's own image ("vendor")
+    bases: dict[str, BaseImage]  # "default" and, for GPUs, the vendor's own image ("vendor")
     options: dict[str, dict[str, str]] = field(default_factory=dict)  # EP -> option defaults
     extras: tuple[str, ...] = ()  # ORT extras that bring NVIDIA's runtime wheels
     extra_requirements: tuple[str, ...] = ()
@@ -62,6 +65,10 @@ class Provider:
     cuda: str | None = None  # CUDA major version of this flavour
     link_hint: str = ""  # what to do when the link check fails
     template: str = ""
+    # Newest ai.onnx / ai.onnx.ml opsets this onnxruntime release loads (it refuses newer ones):
+    # measured by loading models of each opset with the CPU wheel of the same release.
+    onnx_opset: int = 26
+    onnx_ml_opset: int = 5
 
     def requirement(self, nvidia_libs: str = "wheels") -> str:
         extras = f"[{','.join(self.extras)}]" if self.extras and nvidia_libs == "wheels" else ""
@@ -107,7 +114,7 @@ PROVIDERS: dict[str, Provider] = {
             min_glibc=(2, 28),
             platforms=("linux/amd64", "linux/arm64"),
             execution_providers=("CPUExecutionProvider",),
-            bases={"default": Base("python:3.11-slim", "3.11", (2, 36))},
+            bases={"default": BaseImage("python:3.11-slim", "3.11", (2, 36))},
             libraries=("libonnxruntime_providers_shared.so",),
         ),
         Provider(
@@ -122,8 +129,8 @@ PROVIDERS: dict[str, Provider] = {
             execution_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
             options={"CUDAExecutionProvider": _CUDA_OPTIONS},
             bases={
-                "default": Base("python:3.11-slim", "3.11", (2, 36)),
-                "vendor": Base("nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04", "3.12", _UBUNTU_2404,
+                "default": BaseImage("python:3.11-slim", "3.11", (2, 36)),
+                "vendor": BaseImage("nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04", "3.12", _UBUNTU_2404,
                                has_python=False, nvidia_libs="base"),
             },
             libraries=("libonnxruntime_providers_cuda.so",),
@@ -146,7 +153,7 @@ PROVIDERS: dict[str, Provider] = {
             execution_providers=("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
             options={"TensorrtExecutionProvider": _TRT_OPTIONS, "CUDAExecutionProvider": _CUDA_OPTIONS},
             # TensorRT 10.13 + CUDA 13.0 + cuDNN 9 + Python 3.12, as the ORT 1.31 TRT EP links them
-            bases={"default": Base("nvcr.io/nvidia/tensorrt:25.10-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
+            bases={"default": BaseImage("nvcr.io/nvidia/tensorrt:25.10-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
             libraries=("libonnxruntime_providers_tensorrt.so", "libonnxruntime_providers_cuda.so"),
             dlopen=("libcudnn.so.9", "libnvinfer_plugin.so.10"),
             library_dirs=NVIDIA_WHEEL_LIBS,
@@ -161,6 +168,7 @@ PROVIDERS: dict[str, Provider] = {
             title="AMD ROCm 7.2",
             ort="onnxruntime-rocm",
             version="1.22.2.post3",
+            onnx_opset=22,
             # no Requires-Dist in the wheel: its imports are listed here
             extra_requirements=("numpy", "protobuf", "flatbuffers", "packaging"),
             python=("3.10", "3.14"),
@@ -169,7 +177,7 @@ PROVIDERS: dict[str, Provider] = {
             execution_providers=("ROCMExecutionProvider", "CPUExecutionProvider"),
             options={"ROCMExecutionProvider": {"device_id": "0", "arena_extend_strategy": "kNextPowerOfTwo",
                                                "tunable_op_enable": "0"}},
-            bases={"default": Base("rocm/dev-ubuntu-24.04:7.2", "3.12", _UBUNTU_2404)},
+            bases={"default": BaseImage("rocm/dev-ubuntu-24.04:7.2", "3.12", _UBUNTU_2404)},
             libraries=("libonnxruntime_providers_rocm.so",),
             link_hint="use a ROCm 7.2 base image such as rocm/dev-ubuntu-24.04:7.2",
             device="amd",
@@ -179,14 +187,14 @@ PROVIDERS: dict[str, Provider] = {
             name="migraphx",
             title="AMD MIGraphX (ROCm 7.2)",
             ort="onnxruntime-migraphx",
-            version="1.27.1",
+            version="1.27.1",  # opset 26: as 1.26.0 and 1.31.1 (its CPU wheel was not measured)
             python=("3.11", "3.14"),
             min_glibc=(2, 34),
             platforms=("linux/amd64",),
             execution_providers=("MIGraphXExecutionProvider", "CPUExecutionProvider"),
             options={"MIGraphXExecutionProvider": {"device_id": "0", "migraphx_fp16_enable": "0",
                                                    "migraphx_model_cache_dir": f"{CACHE}/migraphx"}},
-            bases={"default": Base("rocm/dev-ubuntu-24.04:7.2", "3.12", _UBUNTU_2404, system_packages=("migraphx",))},
+            bases={"default": BaseImage("rocm/dev-ubuntu-24.04:7.2", "3.12", _UBUNTU_2404, system_packages=("migraphx",))},
             libraries=("libonnxruntime_providers_migraphx.so",),
             link_hint="use a ROCm 7.2 base image with the migraphx package",
             device="amd",
@@ -197,12 +205,13 @@ PROVIDERS: dict[str, Provider] = {
             title="Intel OpenVINO 2025.4",
             ort="onnxruntime-openvino",
             version="1.24.1",
+            onnx_opset=25,
             python=("3.11", "3.13"),
             min_glibc=(2, 28),
             platforms=("linux/amd64",),
             execution_providers=("OpenVINOExecutionProvider", "CPUExecutionProvider"),
             options={"OpenVINOExecutionProvider": {"device_type": "CPU", "cache_dir": f"{CACHE}/openvino"}},
-            bases={"default": Base("python:3.11-slim", "3.11", (2, 36))},
+            bases={"default": BaseImage("python:3.11-slim", "3.11", (2, 36))},
             libraries=("libonnxruntime_providers_openvino.so", "libopenvino_intel_cpu_plugin.so"),
             run_flags="(Intel GPU: --device /dev/dri)",
         ),
@@ -216,8 +225,8 @@ CUDA12: dict[str, dict[str, Any]] = {
         "version": "1.26.0",
         "cuda": "12",
         "bases": {
-            "default": Base("python:3.11-slim", "3.11", (2, 36)),
-            "vendor": Base("nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04", "3.12", _UBUNTU_2404,
+            "default": BaseImage("python:3.11-slim", "3.11", (2, 36)),
+            "vendor": BaseImage("nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04", "3.12", _UBUNTU_2404,
                            has_python=False, nvidia_libs="base"),
         },
     },
@@ -225,10 +234,13 @@ CUDA12: dict[str, dict[str, Any]] = {
         # ORT 1.22 is documented with TensorRT 10.9 and CUDA 12.0-12.8: the 25.03 container
         "title": "NVIDIA TensorRT 10 (CUDA 12)",
         "version": "1.22.0",
+        "onnx_opset": 22,
         "cuda": "12",
-        "bases": {"default": Base("nvcr.io/nvidia/tensorrt:25.03-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
+        "bases": {"default": BaseImage("nvcr.io/nvidia/tensorrt:25.03-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
     },
 }
+
+assert set(PROVIDERS) == set(SHORT_NAMES), "one provider-name table: runtime/dtypes.SHORT_NAMES"
 
 # GPUX backends that name no Linux execution provider: rejected with a reason.
 NOT_FOR_LINUX: dict[str, str] = {
@@ -248,7 +260,7 @@ def get(name: str, cuda: str = "13") -> Provider:
     return row
 
 
-def base_for(provider: Provider, choice: str | None) -> Base:
+def base_for(provider: Provider, choice: str | None) -> BaseImage:
     """`None`/"default" -> the provider's default base; "vendor" -> the vendor's image;
     anything else is an image reference, assumed to carry Python like the default."""
     if choice in (None, "default", "vendor"):
@@ -257,7 +269,7 @@ def base_for(provider: Provider, choice: str | None) -> Base:
             raise UsageError(f"{provider.name} has no vendor base image; give an image reference instead")
         return provider.bases[key]
     default = provider.bases["default"]
-    return Base(choice, default.python, provider.min_glibc, True, default.nvidia_libs, default.system_packages)
+    return BaseImage(choice, default.python, provider.min_glibc, True, default.nvidia_libs, default.system_packages)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,22 +301,35 @@ class HostInfo:
 class Decision:
     providers: tuple[str, ...]
     reason: str
+    from_host: bool = False  # `auto` all the way: the Docker host decided (or would have)
+
+
+def provider_name(raw: str) -> str:
+    """'OpenVINO ' -> 'openvino'. The one check of a provider name, for pack.providers and
+    --provider alike (the runtime reads the same SHORT_NAMES table for GPUX_PROVIDERS)."""
+    if not isinstance(raw, str):
+        raise ValueError(f"{raw!r} is not a provider name")
+    item = raw.strip().lower()
+    if item and item != "auto" and item not in SHORT_NAMES:
+        shown = ascii(raw) if not raw.isprintable() else f"'{raw}'"
+        hint = f"; {NOT_FOR_LINUX[item]}" if item in NOT_FOR_LINUX else ""
+        raise ValueError(f"unknown provider {shown} (choose from auto, {', '.join(SHORT_NAMES)}){hint}")
+    return item
+
+
+def provider_names(items: list[str]) -> list[str]:
+    """Checked names, order kept, no repeats or blanks."""
+    return list(dict.fromkeys(n for n in map(provider_name, items) if n))
 
 
 def parse_provider_list(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    """'cpu,openvino' or ['cpu', 'openvino'] -> ['cpu', 'openvino'] (order kept, no repeats);
-    an unknown name is a usage error."""
+    """--provider 'cpu,openvino' -> ['cpu', 'openvino']; an unknown name is a usage error."""
     if value is None:
         return []
-    items = value.split(",") if isinstance(value, str) else list(value)
-    out: list[str] = []
-    for item in (i.strip().lower() for i in items):
-        if item and item != "auto" and item not in PROVIDERS:
-            hint = f"; {NOT_FOR_LINUX[item]}" if item in NOT_FOR_LINUX else ""
-            raise UsageError(f"--provider: unknown provider '{item}' (choose from auto, {', '.join(PROVIDERS)}){hint}")
-        if item and item not in out:
-            out.append(item)
-    return out
+    try:
+        return provider_names(value.split(",") if isinstance(value, str) else list(value))
+    except ValueError as e:
+        raise UsageError(f"--provider: {e}") from None
 
 
 def decide(
@@ -319,14 +344,14 @@ def decide(
     if backend and backend != "auto":
         return Decision((backend,), f"runtime.gpu.backend is {backend}")
     if host is None:
-        return Decision(("cpu",), "auto: the Docker host could not be inspected, so cpu")
+        return Decision(("cpu",), "auto: the Docker host could not be inspected, so cpu", True)
     if host.nvidia:
-        return Decision(("cuda",), f"auto: the Docker host exposes an NVIDIA GPU ({host.details})")
+        return Decision(("cuda",), f"auto: the Docker host exposes an NVIDIA GPU ({host.details})", True)
     if host.amd:
-        return Decision(("rocm",), "auto: the Docker host has an AMD GPU (/dev/kfd)")
+        return Decision(("rocm",), "auto: the Docker host has an AMD GPU (/dev/kfd)", True)
     if host.intel_gpu:
-        return Decision(("openvino",), "auto: the Docker host has an Intel GPU (/dev/dri)")
-    return Decision(("cpu",), "auto: the Docker host has no GPU that containers can use, so cpu")
+        return Decision(("openvino",), "auto: the Docker host has an Intel GPU (/dev/dri)", True)
+    return Decision(("cpu",), "auto: the Docker host has no GPU that containers can use, so cpu", True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,10 +2,15 @@
 
 Three parts come from one template family: "image" (a model image, built from scratch),
 "runtime" (a provider's runtime base image: wheels and runtime, no model) and "model" (a model
-image on top of such a runtime base image)."""
+image on top of such a runtime base image).
+
+Where text meets the Dockerfile, one rule: every value goes through the filter of its exact
+context (`comment`, `image_ref`, `label_lines`), which validates or escapes it, and a finaliser
+refuses any rendered value that could end a line, so no value can add an instruction."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from functools import lru_cache
 from importlib import resources
@@ -16,10 +21,20 @@ import jinja2
 
 from gpux_pack import __version__, plan as planning
 from gpux_pack.plan import Plan
-from gpux_pack.providers import Base, Provider
+from gpux_pack.providers import BaseImage, Provider
+from gpux_pack.reference import parse_reference
 from gpux_pack.wheels import Lock
 
 LINKCHECK = f"{planning.APP_DIR}/runtime/gpux_runtime/linkcheck.py"
+# Every character some parser or editor takes as the end of a line (str.splitlines' set).
+LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_CONTINUATION = " \\\n"  # what label_lines itself writes between key="value" pairs
+_LABEL_KEY = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]*[A-Za-z0-9])?", re.ASCII)
+
+
+class RenderError(Exception):
+    """A value that cannot be written into its Dockerfile context: a bug upstream, since
+    config and plan validate every value first. Never caught silently."""
 
 
 def templates_dir() -> Path:
@@ -30,15 +45,45 @@ def templates_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "templates"
 
 
+def _one_line(text: str) -> str:
+    """Whitespace runs (line breaks of every kind included) and control characters -> one space."""
+    text = "".join(c if c.isprintable() or c.isspace() else " " for c in text)
+    return " ".join(LINE_BREAKS.sub(" ", text).split())
+
+
+def _comment(value: object) -> str:
+    """Text inside a `#` comment line: one line."""
+    return _one_line(str(value))
+
+
+def _image_ref(value: object) -> str:
+    """A FROM operand: an image reference by the registry grammar, nothing else."""
+    try:
+        return str(parse_reference(str(value)))
+    except ValueError as e:
+        raise RenderError(f"FROM: {e}") from None
+
+
 def _label(value: object) -> str:
     """A LABEL value inside double quotes: one line, with quotes, backslashes and $ escaped."""
-    text = " ".join(str(value).split())
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return _one_line(str(value)).replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
 
 
 def _label_lines(labels: dict[str, str]) -> str:
-    """key="value" pairs, one per continuation line."""
-    return " \\\n      ".join(f'{key}="{_label(value)}"' for key, value in labels.items())
+    """key="value" pairs, one per continuation line. Keys were validated by the config."""
+    for key in labels:
+        if not _LABEL_KEY.fullmatch(key):
+            raise RenderError(f"LABEL key {ascii(key)} is not a label key")
+    return (_CONTINUATION + "      ").join(f'{key}="{_label(value)}"' for key, value in labels.items())
+
+
+def _finalize(value: object) -> object:
+    """Applied to every `{{ }}` output: nothing rendered may end a line, except label_lines'
+    own continuations."""
+    text = str(value) if value is not None else ""
+    if LINE_BREAKS.search(text.replace(_CONTINUATION, " ")):
+        raise RenderError(f"a value with a line break reached the Dockerfile: {ascii(text[:80])}")
+    return value
 
 
 @lru_cache(maxsize=1)
@@ -50,8 +95,10 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=_finalize,
     )
-    env.filters["label"] = _label
+    env.filters["comment"] = _comment
+    env.filters["image_ref"] = _image_ref
     env.filters["label_lines"] = _label_lines
     return env
 
@@ -79,7 +126,7 @@ def _render(provider: Provider, **values: Any) -> str:
         user=planning.USER,
         **values,
     )
-    lines = [line.rstrip() for line in text.splitlines()]
+    lines = [line.rstrip() for line in text.split("\n")]  # "\n" only: str.splitlines splits on U+2028 too
     out: list[str] = []
     for line in lines:  # no runs of blank lines where optional blocks rendered empty
         if line or (out and out[-1]):
@@ -87,32 +134,32 @@ def _render(provider: Provider, **values: Any) -> str:
     return "\n".join(out).strip() + "\n"
 
 
-def dockerfile(plan: Plan, lock: Lock, runtime_image: str | None = None) -> str:
-    """The model image: built from scratch, or on `runtime_image` when one fits."""
+def dockerfile(plan: Plan, lock: Lock, runtime_base: str | None = None) -> str:
+    """The model image: built from scratch, or on `runtime_base` when one fits."""
     ort_version = lock.version_of(plan.provider.ort) or "unknown"
     return _render(
         plan.provider,
-        part="model" if runtime_image else "image",
-        runtime_image=runtime_image,
+        part="model" if runtime_base else "image",
+        runtime_base=runtime_base,
         name=plan.name,
         version=plan.version,
         tag=plan.tag,
         base_image=plan.base.image,
-        deps_packages=plan.base_spec.packages("deps"),
-        final_packages=plan.base_spec.packages("final"),
+        deps_packages=plan.base.packages("deps"),
+        final_packages=plan.base.packages("final"),
         link_check=link_check_command(plan.provider) if plan.link_check else None,
         port=plan.port,
         labels=planning.labels(plan, ort_version),
     )
 
 
-def runtime_dockerfile(provider: Provider, base: Base, link_check: bool = True, tag: str | None = None) -> str:
+def runtime_dockerfile(provider: Provider, base: BaseImage, link_check: bool = True, tag: str | None = None) -> str:
     """A provider's runtime base image. Depends only on the table and the templates, so the
     files in base-images/ are rendered from the same data as every model image."""
     return _render(
         provider,
         part="runtime",
-        runtime_image=None,
+        runtime_base=None,
         name=None,
         version=None,
         tag=tag,
@@ -125,7 +172,7 @@ def runtime_dockerfile(provider: Provider, base: Base, link_check: bool = True, 
     )
 
 
-def runtime_labels(provider: Provider, base: Base) -> dict[str, str]:
+def runtime_labels(provider: Provider, base: BaseImage) -> dict[str, str]:
     return {
         "org.opencontainers.image.title": f"gpux runtime for {provider.name}",
         "org.opencontainers.image.description": f"{provider.ort} {provider.version} and the gpux runtime, without a model",

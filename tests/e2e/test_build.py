@@ -149,3 +149,42 @@ def test_baked_warmup_commits_a_serving_image(tmp_path, docker_client, tags, mlp
     with serve(baked["tag"], read_only=True, tmpfs={"/tmp": "rw"}) as server:
         assert server.get("/info").json()["warmup"]["mode"] == "baked"
         assert server.post("/predict", json={"features": [[1, 2, 3, 4]]}).status_code == 200
+
+
+def _leftovers(client, name: str) -> tuple[set[str], set[str]]:
+    """Containers the CLI created (by their role label), and untagged images of this model."""
+    containers = {c.id for c in client.containers.list(all=True, filters={"label": "io.gpux.pack.role"})}
+    images = {i.id for i in client.images.list(all=True, filters={"label": f"io.gpux.model.name={name}"}) if not i.tags}
+    return containers, images
+
+
+def test_failed_builds_leave_no_container_and_no_image(tmp_path, docker_client, tags):
+    before, _ = _leftovers(docker_client, "never")
+    # 1. a base image without python3: the probe container fails at start, and is removed
+    no_python = tags("no-python:1")
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text("FROM scratch\nCOPY Dockerfile /etc/empty\n")
+    docker_client.images.build(path=str(tmp_path / "ctx"), tag=no_python, rm=True)
+    project = copy_example("mlp", tmp_path)
+    proc = run_cli("build", str(project), "--base-image", no_python, "--tag", tags("leftover:a"))
+    assert proc.returncode == 2 and "has no python3" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3 and "Traceback" not in proc.stderr  # progress + the error
+
+    # 2. a baked warmup that fails (the model cannot run on generated inputs): no container, and
+    #    the untagged image it would have committed is removed
+    name = f"leftover-{tags('x').split('/')[0].split('-')[-1]}"
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 2])],
+        [numpy_helper.from_array(np.array([2, 2], np.int64), "shape")]), opset_imports=[onnx.helper.make_opsetid("", 17)])
+    onnx.save(model, str(project / "model.onnx"))
+    (project / "gpux.yml").write_text(f"name: {name}\nmodel:\n  source: model.onnx\n")
+    tag = tags("leftover:b")
+    proc = run_cli("build", str(project), "--base-image", BASE_IMAGE, "--tag", tag, "--warmup", "always")
+    assert proc.returncode == 1 and "warmup failed" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    containers, images = _leftovers(docker_client, name)
+    assert containers <= before and not images, (containers - before, images)
+    with pytest.raises(Exception):
+        docker_client.images.get(tag)

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from gpux_pack.config import json_schema, load_project, parse_memory
+from gpux_pack.config import json_schema, parse_memory
+from gpux_pack.project import load_project
 from gpux_pack.errors import ConfigError, UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ BASE = "name: m\nmodel:\n  source: ./model.onnx\n"
         (BASE + "runtime:\n  gpu:\n    backend: coreml\n", 6, "runtime.gpu.backend", "Apple-only"),
         (BASE + "runtime:\n  gpu:\n    memory: lots\n", 6, "runtime.gpu.memory", "512MB or 2GB"),
         (BASE + "inputs:\n  - name: x\n    shape: [batch, -3]\n", 6, "inputs[0].shape[1]", "negative"),
-        (BASE + "pack:\n  providers: [cpu, tpu]\n", 5, "pack.providers[1]", "'tpu' is not one of"),
+        (BASE + "pack:\n  providers: [cpu, tpu]\n", 5, "pack.providers[1]", "unknown provider 'tpu'"),
         (BASE + "pack:\n  tag: 'x:{model}'\n", 5, "pack.tag", "unknown placeholder {model}"),
         (BASE + "pack:\n  requirements: ['num py==']\n", 5, "pack.requirements", "is not a requirement"),
         (BASE + "pack:\n  tensorrt:\n    profiles:\n      x: {min: [1], opt: [4], max: [2]}\n", 7, "pack.tensorrt.profiles.x", "min <= opt <= max"),
@@ -71,7 +72,7 @@ def test_missing_file_and_folder(tmp_path):
 def test_both_input_forms_and_gpux_extras(tmp_path):
     mapping = load_project(write(tmp_path, BASE + "version: 2\ninputs:\n  a: float32\n  b:\n    type: int64\n    shape: [-1, seq]\n"))
     assert mapping.config.version == "2"
-    assert [(i.name, i.type, i.shape) for i in mapping.config.inputs] == [("a", "float32", None), ("b", "int64", [-1, "seq"])]
+    assert [(i.name, i.type, i.shape) for i in mapping.config.inputs] == [("a", "float32", None), ("b", "int64", (-1, "seq"))]
     listed = load_project(write(tmp_path, BASE + "inputs:\n  - name: a\n    type: FP32\n    required: true\npreprocessing:\n  tokenizer: bert\nmetadata: {owner: me}\n"))
     assert listed.config.inputs[0].type == "float32"
     assert listed.config.metadata == {"owner": "me"}

@@ -5,7 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gpux_pack.config import load_project
+from gpux_pack.project import load_project
 from gpux_pack.errors import ConfigError, ModelError
 from gpux_pack.model import inspect_model, reconcile
 
@@ -15,7 +15,7 @@ MLP = ROOT / "examples" / "mlp" / "model.onnx"
 
 def test_reads_signature_and_digest():
     info = inspect_model(MLP)
-    assert [(t.name, t.dtype, t.shape) for t in info.inputs] == [("features", "float32", ("batch", 4))]
+    assert [(t.name, t.type, t.shape) for t in info.inputs] == [("features", "float32", ("batch", 4))]
     assert [t.name for t in info.outputs] == ["logits", "probs"]
     assert info.opset == 17 and info.files == ("model.onnx",)
     assert len(info.sha256) == 64 and info.size_bytes == MLP.stat().st_size

@@ -28,5 +28,5 @@ def test_wheel_install_renders(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gpux_pack", "render", str(ROOT / "examples" / "mlp"),
                            "--provider", "cpu", "--output", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert (out / "Dockerfile").read_text().startswith("# iris-mlp 1.0.0 for the cpu execution provider")
+    assert "\n# iris-mlp 1.0.0 for the cpu execution provider" in (out / "Dockerfile").read_text()
     assert (out / "runtime" / "gpux_runtime" / "server.py").is_file()

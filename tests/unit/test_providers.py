@@ -2,7 +2,7 @@
 import pytest
 
 from gpux_pack import providers
-from gpux_pack.config import load_project
+from gpux_pack.project import load_project
 from gpux_pack.engine import host_from
 from gpux_pack.errors import UsageError
 from gpux_pack.providers import HostInfo, decide, parse_provider_list, session_providers

@@ -100,7 +100,7 @@ def test_runtime_base_dockerfiles_are_current(provider):
 
 def test_model_on_runtime_base_passes_hadolint():
     plan = plan_for("cpu")
-    text = render.dockerfile(plan, lock_for(plan), runtime_image="gpux-pack/runtime-cpu:1.31.1-0123456789ab")
+    text = render.dockerfile(plan, lock_for(plan), runtime_base="gpux-pack/runtime-cpu:1.31.1-0123456789ab")
     assert_clean(text)
     assert text.count("FROM ") == 1 and "FROM gpux-pack/runtime-cpu:1.31.1-0123456789ab" in text
     assert "COPY model/ /opt/gpux/model/" in text and "COPY wheels/" not in text
