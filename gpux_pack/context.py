@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from gpux_pack.errors import UsageError
+from gpux_pack.errors import PackError, UsageError
 from gpux_pack.plan import Plan
 from gpux_pack.wheels import Wheelhouse
 
@@ -57,13 +57,22 @@ def assemble(plan: Plan, wheelhouse: Wheelhouse | None, dockerfile: str, runtime
     entries = [
         Entry("Dockerfile", data=dockerfile.encode()),
         Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
-        Entry("gpux.json", data=(json.dumps(runtime_json, indent=2, sort_keys=True) + "\n").encode()),
+        Entry("gpux.json", data=_strict_json(runtime_json)),
     ]
     if wheelhouse is not None:
         entries += _runtime_entries(wheelhouse)
     folder = plan.model.path.parent
     entries += [Entry(f"model/{name}", source=folder / name) for name in plan.model.files]
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
+
+
+def _strict_json(value: dict) -> bytes:
+    """gpux.json is strict JSON, always (no NaN or Infinity, which the runtime's parser and
+    most clients reject); config validation makes a failure here a bug, reported as one line."""
+    try:
+        return (json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+    except (ValueError, TypeError) as e:
+        raise PackError(f"gpux.json: cannot write {e}") from None
 
 
 def assemble_runtime(wheelhouse: Wheelhouse, dockerfile: str) -> Context:

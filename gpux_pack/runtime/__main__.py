@@ -2,15 +2,47 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import os
+import signal
 import sys
-import urllib.request
 
-from .model import Model, Settings, StartupError
-from .tensors import RequestError, decode_predict, encode_predict
+# Python is PID 1 in the container, and the kernel drops SIGTERM for PID 1 unless it has a
+# handler: without one, `docker stop` during start-up waits 10 s and kills. So the handler comes
+# before every slow import (numpy, onnxruntime). What it does depends on how far start-up is.
+_STATE: dict = {"doing": None, "server": None}
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """Before the model loads: exit 0, nothing was done. Loading or running a command: one line,
+    exit 128+signal. Once uvicorn is handed the server, it drains and exits 0; this handler sees
+    the signal only before uvicorn installs its own, or when uvicorn re-raises it after the
+    drain, and then only asks the server to stop."""
+    server = _STATE["server"]
+    if server is not None:
+        server.should_exit = True
+        return
+    code = 128 + signum if _STATE["doing"] else 0
+    try:
+        if code:
+            print(f"gpux: stopped by {signal.Signals(signum).name} while {_STATE['doing']}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # a write the signal cut short (reentrant call, closed pipe): exiting matters more
+        pass
+    os._exit(code)  # the loading thread may sit in native code; SystemExit would wait for it
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import threading  # noqa: E402
+import urllib.request  # noqa: E402
+
+from .settings import Settings, StartupError  # noqa: E402  (standard library only)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,43 +73,83 @@ def main(argv: list[str] | None = None) -> int:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
             stream=sys.stderr,
         )
-        model = Model.load(settings)
+        from .session import Model
+        from .tensors import RequestError, decode_predict, encode_predict, to_json
+    except StartupError as e:
+        print(f"gpux: {e}", file=sys.stderr)
+        return e.exit_code
+
+    try:
+        _STATE["doing"] = "loading the model"
+        model = _interruptible(Model.load, settings)
         if command == "serve":
             from .server import serve
 
-            return serve(model, settings.spec.get("pack_version", ""))
+            return serve(model, settings.spec.get("pack_version", ""), handoff=_handoff)
         if command == "warmup":
-            state = model.warmup()
+            _STATE["doing"] = "warming up"
+            state = _interruptible(model.warmup)
             print(json.dumps({"warmup": state, "execution_providers": model.active}))
             return 0 if state["state"] == "done" else 1
         if command == "info":
             model.warmup_state = {"state": "not run (info command)"}
-            print(json.dumps(model.info(), indent=2))
+            print(json.dumps(to_json(model.info()), indent=2))
             return 0
+        _STATE["doing"] = "reading the input"
         body = _read_input(args.input)
-        outputs = model.run(decode_predict(body, model.inputs))
+        _STATE["doing"] = "running the model"
+        outputs = _interruptible(model.run, decode_predict(body, model.inputs, model.overridable))
         print(json.dumps(encode_predict(outputs)))
         return 0
     except StartupError as e:
         print(f"gpux: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     except RequestError as e:
         print(f"gpux: {e}", file=sys.stderr)
         return 2
+    finally:
+        _STATE["doing"] = None
+
+
+def _handoff(server: object) -> None:
+    """From here on a signal stops the server (drain, exit 0), never the process."""
+    _STATE["server"] = server
+
+
+def _interruptible(fn, *args):
+    """fn in a worker thread while this one waits: ONNX Runtime loads and runs a model with the
+    GIL released, so the signal handler (main thread only) runs at once instead of after a
+    minutes-long load."""
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            result["value"] = fn(*args)
+        except BaseException as e:  # re-raised in the main thread, where it is reported
+            result["error"] = e
+
+    worker = threading.Thread(target=work, name="gpux-main", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def _read_input(raw: str):
+    from .tensors import RequestError, parse_json
+
     try:
         if raw == "-":
-            raw = sys.stdin.read()
+            data = sys.stdin.buffer.read()
         elif raw.startswith("@"):
-            with open(raw[1:], encoding="utf-8") as f:
-                raw = f.read()
-        return json.loads(raw)
+            with open(raw[1:], "rb") as f:
+                data = f.read()
+        else:
+            data = os.fsencode(raw)
     except OSError as e:
         raise RequestError(f"--input: {e}") from None
-    except ValueError as e:
-        raise RequestError(f"--input: malformed JSON: {e}") from None
+    return parse_json(data, "--input: malformed JSON")
 
 
 def _healthcheck() -> int:

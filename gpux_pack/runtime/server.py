@@ -14,8 +14,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable
 
-from .model import Model
-from .tensors import RequestError, decode_predict, decode_v2, encode_predict, encode_v2
+from .session import Model
+from .tensors import RequestError, decode_predict, decode_v2, encode_predict, encode_v2, parse_json, to_json
 
 log = logging.getLogger("gpux")
 
@@ -88,12 +88,12 @@ class App:
             return (200, {"status": "ready"}) if self.ready.is_set() else (503, {"status": "warming up"})
         if path == "/info":
             self._only(method, "GET")
-            return 200, model.info()
+            return 200, to_json(model.info())  # metadata from the model may hold NaN or odd types
         if path == "/predict":
             self._only(method, "POST")
             body = await self._json(scope, receive)
             self._need_ready()
-            feeds = decode_predict(body, model.inputs)
+            feeds = decode_predict(body, model.inputs, model.overridable)
             return 200, encode_predict(await self._infer(feeds, None))
         if path == "/v2":
             self._only(method, "GET")
@@ -120,7 +120,7 @@ class App:
             self._only(method, "POST")
             body = await self._json(scope, receive)
             self._need_ready()
-            feeds, wanted = decode_v2(body, model.inputs, model.outputs)
+            feeds, wanted = decode_v2(body, model.inputs, model.outputs, model.overridable)
             outputs = await self._infer(feeds, wanted)
             answer: dict[str, Any] = {"model_name": name, "model_version": version}
             if isinstance(body.get("id"), str):
@@ -168,10 +168,7 @@ class App:
         raw = b"".join(chunks)
         if not raw.strip():
             raise RequestError("empty body; expected JSON")
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(f"malformed JSON: {e}") from None
+        return parse_json(raw)
 
     async def _infer(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -189,7 +186,11 @@ class App:
 
 
 async def _respond(send: Send, status: int, body: Any, allow: str | None = None) -> None:
-    payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    try:
+        payload = _encode(body)
+    except (TypeError, ValueError, RecursionError) as e:
+        log.error("cannot encode an answer as JSON: %s", e)
+        status, payload = 500, b'{"error":"internal error: the answer cannot be encoded as JSON"}'
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     if allow and status == 405:
         headers.append((b"allow", allow.encode()))
@@ -197,7 +198,18 @@ async def _respond(send: Send, status: int, body: Any, allow: str | None = None)
     await send({"type": "http.response.body", "body": payload})
 
 
-def serve(model: Model, pack_version: str = "") -> int:
+def _encode(body: Any) -> bytes:
+    """Strict JSON; a body it cannot hold (NaN, a numpy scalar, a set) goes through to_json
+    (null, plain values, str) rather than turning an answer into a 500."""
+    try:
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError):
+        return json.dumps(to_json(body), separators=(",", ":"), allow_nan=False).encode()
+
+
+def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] | None = None) -> int:
+    """Run uvicorn in this thread. `handoff(server)` is called just before uvicorn takes over
+    SIGTERM/SIGINT, so the caller's handler can stop the server instead of the process."""
     import uvicorn
 
     settings = model.settings
@@ -206,7 +218,7 @@ def serve(model: Model, pack_version: str = "") -> int:
         app,
         host=settings.host,
         port=settings.port,
-        log_level=settings.log_level if settings.log_level in ("critical", "error", "warning", "info", "debug") else "info",
+        log_level=settings.log_level,
         lifespan="on",
         server_header=False,
         timeout_graceful_shutdown=max(10, int(settings.timeout) + 5),
@@ -215,5 +227,7 @@ def serve(model: Model, pack_version: str = "") -> int:
         loop="asyncio",
     )
     server = uvicorn.Server(config)
+    if handoff is not None:
+        handoff(server)
     server.run()
     return 0 if server.started else 1

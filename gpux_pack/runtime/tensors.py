@@ -5,9 +5,10 @@ Every check names the input and what is wrong; a bad request costs the server no
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -20,6 +21,45 @@ class RequestError(Exception):
     def __init__(self, message: str, status: int = 400, allow: str | None = None):
         super().__init__(message)
         self.status, self.allow = status, allow
+
+
+MAX_DEPTH = 400  # json.loads recurses per level: 100k levels would be a RecursionError (500)
+_STEPS = bytes(1 if b in b"[{" else 255 if b in b"]}" else 0 for b in range(256))  # +1 / -1 as int8
+_QUOTES = bytes(b == ord('"') for b in range(256))
+_CHUNK = 1 << 22
+
+
+def parse_json(raw: bytes, what: str = "malformed JSON") -> Any:
+    """A request body as JSON, refusing nesting deeper than MAX_DEPTH before json.loads sees it."""
+    if too_deep(raw):
+        raise RequestError(f"the JSON body is nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise RequestError(f"the JSON body is nested deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"{what}: {e}") from None
+
+
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Nesting past `limit`, without a Python loop over a 64 MiB body. At most `limit` brackets
+    cannot nest deeper; else the escapes go (bytes.replace pairs backslashes left to right, as
+    JSON does), the quotes left delimit strings, and a running sum in numpy gives the depth."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    if b"\\" in raw:
+        raw = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    steps, quotes = raw.translate(_STEPS), raw.translate(_QUOTES)
+    level = inside = 0
+    for start in range(0, len(raw), _CHUNK):  # bounded memory, whatever the body's size
+        count = min(_CHUNK, len(raw) - start)
+        in_string = (np.frombuffer(quotes, np.uint8, count, start).cumsum(dtype=np.int32) + inside) & 1
+        step = np.frombuffer(steps, np.int8, count, start)
+        depth = np.where(in_string, 0, step).cumsum(dtype=np.int32) + level
+        if int(depth.max()) > limit:
+            return True
+        level, inside = int(depth[-1]), int(in_string[-1])
+    return False
 
 
 @dataclass(frozen=True)
@@ -114,16 +154,19 @@ def _shape_text(shape: tuple[int | str, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def decode_predict(body: Any, inputs: list[TensorSpec]) -> dict[str, np.ndarray]:
-    """GPUX: {"<input>": nested list, ...}."""
+def decode_predict(
+    body: Any, inputs: list[TensorSpec], overridable: Sequence[TensorSpec] = ()
+) -> dict[str, np.ndarray]:
+    """GPUX: {"<input>": nested list, ...}. `overridable` inputs (initializers) are accepted but
+    never named in errors: a model-zoo graph has hundreds."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object mapping input names to nested lists")
-    by_name = {s.name: s for s in inputs}
+    by_name = {s.name: s for s in (*overridable, *inputs)}
     if "inputs" in body and "inputs" not in by_name and isinstance(body["inputs"], dict):
         body = body["inputs"]  # tolerate {"inputs": {...}} as GPUX clients sometimes send
     for name in body:
         if name not in by_name:
-            raise RequestError(f"unknown input '{name}'; the model's inputs are: {', '.join(by_name)}")
+            raise RequestError(f"unknown input '{name}'; the model's inputs are: {_names(inputs)}")
     for spec in inputs:
         if spec.required and spec.name not in body:
             raise RequestError(f"missing required input '{spec.name}'")
@@ -138,12 +181,17 @@ def decode_predict(body: Any, inputs: list[TensorSpec]) -> dict[str, np.ndarray]
     return feeds
 
 
+def _names(inputs: list[TensorSpec]) -> str:
+    return ", ".join(s.name for s in inputs)
+
+
 def encode_predict(outputs: dict[str, Any]) -> dict[str, Any]:
     return {name: to_json(value) for name, value in outputs.items()}
 
 
 def to_json(value: Any) -> Any:
-    """numpy -> JSON-able; non-finite floats become null (strict JSON has no NaN)."""
+    """numpy -> JSON-able; non-finite floats become null (strict JSON has no NaN), anything
+    else JSON cannot hold becomes its str()."""
     if isinstance(value, np.ndarray):
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return _finite(value.tolist())
@@ -160,7 +208,9 @@ def to_json(value: Any) -> Any:
         return {str(k): to_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_json(v) for v in value]
-    return value
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return str(value)  # anything else JSON has no word for: its text rather than a 500
 
 
 def _finite(v: Any) -> Any:
@@ -174,14 +224,14 @@ def _finite(v: Any) -> Any:
 
 
 def decode_v2(
-    body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]
+    body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], overridable: Sequence[TensorSpec] = ()
 ) -> tuple[dict[str, np.ndarray], list[str] | None]:
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object with an 'inputs' list")
     items = body.get("inputs")
     if not isinstance(items, list) or not items:
         raise RequestError("'inputs' must be a non-empty list of tensors")
-    by_name = {s.name: s for s in inputs}
+    by_name = {s.name: s for s in (*overridable, *inputs)}
     feeds: dict[str, np.ndarray] = {}
     dims: dict[str, tuple[int, str]] = {}
     for i, item in enumerate(items):
@@ -193,7 +243,7 @@ def decode_v2(
         what = f"input '{name}'"
         spec = by_name.get(name)
         if spec is None:
-            raise RequestError(f"unknown input '{name}'; the model's inputs are: {', '.join(by_name)}")
+            raise RequestError(f"unknown input '{name}'; the model's inputs are: {_names(inputs)}")
         if name in feeds:
             raise RequestError(f"{what} is given twice")
         params = item.get("parameters") or {}

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -124,3 +125,63 @@ def test_providers_command_reads_this_host(docker_client):
     assert table["openvino"]["host_can_run"] is True
     gpu = any(r["host_can_run"] for n, r in table.items() if n in ("cuda", "tensorrt"))
     assert gpu == ("nvidia" in (docker_client.info().get("Runtimes") or {}))
+
+
+def _wait_exit(container, timeout: float) -> int:
+    """The container's exit code, failing with its logs if it is still running at the deadline."""
+    import requests
+
+    try:
+        return container.wait(timeout=timeout)["StatusCode"]
+    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+        logs = container.logs().decode(errors="replace")
+        pytest.fail(f"still running {timeout}s after SIGTERM:\n{logs[-3000:]}")
+
+
+def test_sigterm_during_start_exits_at_once(mlp_image, docker_client):
+    """PID 1 ignores SIGTERM without a handler: one is there before the slow imports. Early on
+    it exits 0; mid-load 143 with one line."""
+    for _ in range(3):
+        container = docker_client.containers.run(mlp_image["tag"], detach=True)
+        try:
+            time.sleep(0.2)  # deliberate: the acceptance is a SIGTERM 0.2 s after start
+            container.kill(signal="SIGTERM")
+            code = _wait_exit(container, 2)
+            stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            assert code in (0, 143), stderr
+            if code == 143:
+                assert stderr.splitlines() == ["gpux: stopped by SIGTERM while loading the model"]
+            assert "Traceback" not in stderr
+        finally:
+            container.remove(force=True)
+
+
+def test_sigterm_when_ready_drains_and_exits_zero(mlp_image):
+    with serve(mlp_image["tag"]) as server:
+        assert server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}).status_code == 200
+        container = server.container.get_wrapped_container()
+        container.kill(signal="SIGTERM")
+        assert _wait_exit(container, 15) == 0
+        logs = container.logs().decode(errors="replace")
+        assert "Finished server process" in logs and "stopped by" not in logs and "Traceback" not in logs
+
+
+def test_bad_variable_exits_2_with_one_line(mlp_image, docker_client):
+    container = docker_client.containers.run(mlp_image["tag"], detach=True, environment={"GPUX_TIMEOUT": "abc"})
+    try:
+        assert _wait_exit(container, 30) == 2
+        assert container.logs(stdout=True, stderr=False) == b""
+        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+        assert stderr.splitlines() == [
+            "gpux: GPUX_TIMEOUT=abc: expected a number of seconds, more than 0 and at most 86400"]
+        assert "Traceback" not in stderr
+    finally:
+        container.remove(force=True)
+
+
+def test_deep_json_is_400_and_serving_goes_on(mlp_image):
+    with serve(mlp_image["tag"]) as server:
+        r = server.post("/predict", data=b"[" * 100_000 + b"]" * 100_000, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json() == {"error": "the JSON body is nested deeper than 400 levels"}
+        r = server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]})
+        assert r.status_code == 200 and set(r.json()) == {"logits", "probs"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from gpux_pack import providers
 from gpux_pack.pipeline import load, plan_for
 from gpux_pack.plan import Options, runtime_config
 from gpux_pack.ui import Reporter
-from gpux_pack.runtime.model import Model, Settings, StartupError
+from gpux_pack.runtime.session import Model
+from gpux_pack.runtime.settings import ConfigurationError, Settings, StartupError
 from gpux_pack.runtime.server import App
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,3 +236,313 @@ def test_runtime_imports_only_its_own_libraries():
                 continue
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+# -- GPUX_* variables: one line naming the variable, exit 2 ---------------------------------------
+
+BAD_ENV = [
+    ("GPUX_PORT", "http", "expected a port number from 1 to 65535"),
+    ("GPUX_PORT", "0", "expected a port number from 1 to 65535"),
+    ("GPUX_PORT", "65536", "expected a port number from 1 to 65535"),
+    ("GPUX_PORT", "80.5", "expected a port number"),
+    ("GPUX_HOST", "my-host", "expected an IP address"),
+    ("GPUX_HOST", "300.1.1.1", "expected an IP address"),
+    ("GPUX_HOST", "[::]", "expected an IP address"),
+    ("GPUX_LOG_LEVEL", "verbose", "expected one of critical, error, warning, info, debug"),
+    ("GPUX_PROVIDERS", "tpu", "unknown provider 'tpu' (use cpu, cuda, tensorrt, rocm, migraphx, openvino)"),
+    ("GPUX_PROVIDERS", "cuda,CUDAExecutionProvider", "'CUDAExecutionProvider' is named twice"),
+    ("GPUX_PROVIDERS", ",", "names no provider"),
+    ("GPUX_REQUIRE_PROVIDER", "maybe", "expected 1 or 0 (true/false, yes/no)"),
+    ("GPUX_CACHE_DIR", "cache", "expected an absolute path"),
+    ("GPUX_CACHE_DIR", "/tmp/a\0b", "contains a NUL byte"),
+    ("GPUX_MAX_BODY_BYTES", "0", "expected a positive whole number of bytes"),
+    ("GPUX_MAX_BODY_BYTES", "64MiB", "expected a positive whole number of bytes"),
+    ("GPUX_MAX_WORKERS", "0", "expected a whole number from 1 to 256"),
+    ("GPUX_MAX_WORKERS", "257", "expected a whole number from 1 to 256"),
+    ("GPUX_MAX_WORKERS", "9" * 5000, "expected a whole number from 1 to 256"),
+    ("GPUX_TIMEOUT", "abc", "expected a number of seconds, more than 0 and at most 86400"),
+    ("GPUX_TIMEOUT", "0", "expected a number of seconds"),
+    ("GPUX_TIMEOUT", "-1", "expected a number of seconds"),
+    ("GPUX_TIMEOUT", "inf", "expected a number of seconds"),
+    ("GPUX_TIMEOUT", "nan", "expected a number of seconds"),
+    ("GPUX_TIMEOUT", "86401", "expected a number of seconds"),
+    ("GPUX_CONFIG", "/does/not/exist.json", "No such file or directory"),
+]
+
+
+def tiny_dir(tmp_path: Path, ir_version: int = 7) -> Path:
+    """y = x * scale + bias, written by hand: `scale` is an initializer listed in "inputs" with
+    required: false, `bias` one listed only in "overridable_inputs" (what the packager writes
+    for the weights an old exporter lists as graph inputs)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "scale"], ["xs"]), helper.make_node("Add", ["xs", "bias"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("scale", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("bias", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "scale"),
+         numpy_helper.from_array(np.array([1, 2, 3], np.float32), "bias")])  # fmt: skip
+    opset = 9 if ir_version == 3 else 13
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+    (tmp_path / "model").mkdir()
+    onnx.save(model, str(tmp_path / "model" / "tiny.onnx"))
+    spec = {
+        "name": "tiny", "version": "1", "model": {"path": "model/tiny.onnx"},
+        "inputs": [{"name": "x", "type": "float32", "shape": ["batch", 3]},
+                   {"name": "scale", "type": "float32", "shape": [3], "required": False}],
+        "overridable_inputs": [{"name": "bias", "type": "float32", "shape": [3], "required": False}],
+        "outputs": [{"name": "y", "type": "float32", "shape": ["batch", 3]}],
+        "execution_providers": [["CPUExecutionProvider", {}]],
+    }  # fmt: skip
+    (tmp_path / "gpux.json").write_text(json.dumps(spec))
+    return tmp_path
+
+
+@pytest.mark.parametrize("key, value, words", BAD_ENV, ids=[f"{k}={v[:12]!r}" for k, v, _ in BAD_ENV])
+def test_bad_variable_is_one_line_naming_it(tmp_path, key, value, words):
+    with pytest.raises(ConfigurationError) as caught:
+        settings(tiny_dir(tmp_path), **{key: value})
+    message = str(caught.value)
+    assert message.startswith(f"{key}=") and words in message and "\n" not in message
+    assert caught.value.exit_code == 2 and isinstance(caught.value, StartupError)
+
+
+def test_good_variables_are_taken(tmp_path):
+    folder = tiny_dir(tmp_path)
+    s = settings(folder, GPUX_PORT=" 9000", GPUX_HOST="::", GPUX_LOG_LEVEL="DEBUG", GPUX_REQUIRE_PROVIDER="yes",
+                 GPUX_PROVIDERS="OpenVINOExecutionProvider, cpu", GPUX_MAX_BODY_BYTES="100",
+                 GPUX_MAX_WORKERS="256", GPUX_TIMEOUT="0.5")  # fmt: skip
+    assert (s.port, s.host, s.log_level, s.require_provider) == (9000, "::", "debug", True)
+    assert [n for n, _ in s.providers] == ["OpenVINOExecutionProvider", "CPUExecutionProvider"]
+    assert (s.max_body_bytes, s.max_workers, s.timeout) == (100, 256, 0.5)
+    for host in ("127.0.0.1", "localhost", "fe80::1"):
+        assert settings(folder, GPUX_HOST=host).host == host
+    for flag, value in (("", False), ("0", False), ("No", False), ("TRUE", True), ("1", True)):
+        assert settings(folder, GPUX_REQUIRE_PROVIDER=flag).require_provider is value
+    # empty means unset: the config's values, then the runtime's defaults
+    s = settings(folder, GPUX_PORT="", GPUX_TIMEOUT="", GPUX_MAX_WORKERS="", GPUX_HOST="", GPUX_PROVIDERS="")
+    assert (s.port, s.timeout, s.max_workers, s.host) == (8080, 30.0, 4, "0.0.0.0")
+
+
+def test_bad_config_file(tmp_path, monkeypatch):
+    import gpux_pack.runtime.settings as settings_module
+
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "other.json").write_text('{"name": "x"}')
+    cases = [(tmp_path, "not a regular file"), (tmp_path / "broken.json", "not valid JSON"),
+             (tmp_path / "other.json", "not a gpux.json (it lacks version, model")]  # fmt: skip
+    for path, words in cases:
+        with pytest.raises(ConfigurationError, match=re.escape(f"GPUX_CONFIG={path}: {words}")):
+            Settings.load({"GPUX_CONFIG": str(path)})
+    # the image's own gpux.json missing is the image's fault, not a variable's: exit 1
+    monkeypatch.setattr(settings_module, "DEFAULT_CONFIG", str(tmp_path / "gone.json"))
+    with pytest.raises(StartupError, match="cannot read the model config") as caught:
+        Settings.load({})
+    assert caught.value.exit_code == 1
+
+
+def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
+    """A bad variable: exit 2 and one stderr line; any other start-up failure stays exit 1."""
+    from gpux_pack.runtime.__main__ import main
+
+    folder = tiny_dir(tmp_path)
+    monkeypatch.setenv("GPUX_CONFIG", str(folder / "gpux.json"))
+    monkeypatch.setenv("GPUX_TIMEOUT", "abc")
+    assert main(["info"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gpux: GPUX_TIMEOUT=abc: expected a number of seconds, more than 0 and at most 86400"]
+    monkeypatch.delenv("GPUX_TIMEOUT")
+    (folder / "model" / "tiny.onnx").unlink()
+    assert main(["info"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("gpux: cannot start CPUExecutionProvider")
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+
+def test_signal_handler_by_stage(monkeypatch, capsys):
+    """Before the load: exit 0. Loading: one line, 128+signal. Serving: the server stops itself."""
+    import signal
+
+    from gpux_pack.runtime import __main__ as entry
+
+    exits: list[int] = []
+    monkeypatch.setattr(entry.os, "_exit", exits.append)
+    monkeypatch.setattr(entry, "_STATE", {"doing": None, "server": None})
+    entry._on_signal(signal.SIGTERM, None)
+    assert exits == [0] and capsys.readouterr().err == ""
+    entry._STATE["doing"] = "loading the model"
+    entry._on_signal(signal.SIGTERM, None)
+    entry._on_signal(signal.SIGINT, None)
+    assert exits == [0, 143, 130]
+    assert capsys.readouterr().err.splitlines() == [
+        "gpux: stopped by SIGTERM while loading the model", "gpux: stopped by SIGINT while loading the model"]
+
+    class Server:
+        should_exit = False
+
+    entry._STATE["server"] = server = Server()
+    entry._on_signal(signal.SIGTERM, None)  # before uvicorn's handler, or re-raised after its drain
+    assert server.should_exit and exits == [0, 143, 130]
+
+
+def test_sigterm_mid_load_exits_143_at_once(tmp_path):
+    """The real process, its model a FIFO: ONNX Runtime blocks reading it, as on a slow disk."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tiny_dir(tmp_path)
+    fifo = folder / "model" / "slow.onnx"
+    os.mkfifo(fifo)
+    spec = json.loads((folder / "gpux.json").read_text())
+    spec["model"]["path"] = "model/slow.onnx"
+    (folder / "gpux.json").write_text(json.dumps(spec))
+    env = {**os.environ, "GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "gpux_pack.runtime", "info"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    writer = None
+    try:
+        deadline = time.monotonic() + 60
+        while writer is None:  # opening the FIFO's other end succeeds once ONNX Runtime reads it
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the model load never started"
+                time.sleep(0.01)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+        assert time.monotonic() - started < 2
+        assert proc.returncode == 143
+        assert err.decode().splitlines() == ["gpux: stopped by SIGTERM while loading the model"]
+    finally:
+        proc.kill()
+        proc.wait()
+        if writer is not None:
+            os.close(writer)
+
+
+# -- bodies, /info, overridable inputs ------------------------------------------------------------
+
+
+def test_deep_json_is_400_and_the_server_goes_on(mlp):
+    status, body, _ = mlp.request("POST", "/predict", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and body["error"] == "the JSON body is nested deeper than 400 levels"
+    status, body, _ = mlp.request("POST", "/predict", b'{"features": ' + b"[" * 401 + b"]" * 401 + b"}")
+    assert status == 400 and "nested deeper than 400 levels" in body["error"]
+    # brackets inside strings do not nest: a v2 request id full of them is fine
+    x = [1.0, 2.0, 3.0, 4.0]
+    status, body, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", {
+        "id": '[{\\"' * 1000, "inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": x}]})
+    assert status == 200 and body["id"] == '[{\\"' * 1000
+    # 400 levels deep is JSON we parse; the input is then refused for its shape, as a 400
+    status, body, _ = mlp.request("POST", "/predict", {"features": json.loads("[" * 399 + "1" + "]" * 399)})
+    assert status == 400 and "input 'features'" in body["error"]
+    assert mlp.request("POST", "/predict", {"features": [x]})[0] == 200
+
+
+def test_too_deep_agrees_with_the_parsed_depth():
+    import random
+
+    from gpux_pack.runtime.tensors import too_deep
+
+    def depth(value) -> int:
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        return 0 if children is None else 1 + max(map(depth, children), default=0)
+
+    rng = random.Random(0)
+    text = '[]{}"\\ab\n\u00e9'
+
+    def make(level: int):
+        r = rng.random()
+        if level > 9 or r < 0.3:
+            return rng.choice([1, 2.5, None, True, "".join(rng.choice(text) for _ in range(rng.randint(0, 6)))])
+        if r < 0.65:
+            return [make(level + 1) for _ in range(rng.randint(0, 3))]
+        return {"".join(rng.choice(text) for _ in range(3)): make(level + 1) for _ in range(rng.randint(0, 3))}
+
+    for _ in range(3000):
+        value = make(0)
+        raw = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
+        for limit in (0, 1, 2, 4, 7):
+            assert too_deep(raw, limit) == (depth(value) > limit), (raw, limit)
+
+
+def test_info_never_500s_on_odd_metadata(mlp):
+    mlp.app.model.spec["metadata"] = {"nan": float("nan"), "inf": float("-inf"), "np": np.float32(1.5),
+                                      "set": {1}, "bytes": b"ab", "ok": [1, "a", None]}  # fmt: skip
+    status, info, _ = mlp.request("GET", "/info")
+    assert status == 200
+    assert info["metadata"] == {"nan": None, "inf": None, "np": 1.5, "set": "{1}", "bytes": "ab", "ok": [1, "a", None]}
+
+
+def test_respond_falls_back_to_plain_json():
+    from gpux_pack.runtime.server import _respond
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(_respond(send, 200, {"a": float("nan"), "b": np.int64(3), "c": object}))
+    assert sent[0]["status"] == 200
+    assert json.loads(sent[1]["body"]) == {"a": None, "b": 3, "c": "<class 'object'>"}
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    app = App(Model.load(settings(tiny_dir(tmp_path))), "test")
+    app.start_warmup()
+    assert app.ready.wait(10)
+    return Client(app)
+
+
+def test_overridable_inputs_are_accepted_not_listed(tiny):
+    model = tiny.app.model
+    assert [s.name for s in model.overridable] == ["bias"]
+    assert [s.name for s in model.inputs] == ["x", "scale"]
+    assert [list(f) for f in model.warmup_feeds()] == [["x"]]  # neither generated nor required
+    assert model.warmup_state["state"] == "done"
+    assert [i["name"] for i in tiny.request("GET", "/info")[1]["inputs"]] == ["x", "scale"]
+    assert [i["name"] for i in tiny.request("GET", "/v2/models/tiny")[1]["inputs"]] == ["x", "scale"]
+
+    x = [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    assert tiny.request("POST", "/predict", {"x": x})[1] == {"y": [[2.0, 3.0, 4.0], [1.0, 2.0, 3.0]]}
+    status, body, _ = tiny.request("POST", "/predict", {"x": x, "bias": [10, 20, 30], "scale": [2, 2, 2]})
+    assert status == 200 and body == {"y": [[12.0, 22.0, 32.0], [10.0, 20.0, 30.0]]}
+    status, body, _ = tiny.request("POST", "/v2/models/tiny/infer", {"inputs": [
+        {"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 1, 1]},
+        {"name": "bias", "shape": [3], "datatype": "FP32", "data": [0, 0, 0]}]})  # fmt: skip
+    assert status == 200 and body["outputs"][0]["data"] == [1.0, 1.0, 1.0]
+
+    # validated like any input; never named in the list of inputs an error offers
+    checks = [({"x": x, "bias": [1, 2]}, "input 'bias': dimension 0 must be 3"),
+              ({"x": x, "bias": [[1, 2, 3]]}, "input 'bias': expected rank 1"),
+              ({"x": x, "bias": ["a", "b", "c"]}, "input 'bias': expected float32 values, got strings"),
+              ({"bias": [1, 2, 3]}, "missing required input 'x'"),
+              ({"x": x, "weights": [1]}, "unknown input 'weights'; the model's inputs are: x, scale")]  # fmt: skip
+    for request, words in checks:
+        status, body, _ = tiny.request("POST", "/predict", request)
+        assert status == 400 and body["error"].startswith(words)
+    status, body, _ = tiny.request("POST", "/v2/models/tiny/infer", {"inputs": [
+        {"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 1, 1]},
+        {"name": "bias", "shape": [3], "datatype": "INT64", "data": [0, 0, 0]}]})  # fmt: skip
+    assert status == 400 and body["error"] == "input 'bias': datatype INT64 does not match the model's FP32"
+
+
+def test_ir3_initializers_are_not_overridable(tmp_path):
+    """ONNX Runtime makes an IR-3 graph's initializer inputs constants: a clear 400, not its error."""
+    client = Client(App(Model.load(settings(tiny_dir(tmp_path, ir_version=3)))))
+    client.app.ready.set()
+    assert client.app.model.overridable == []
+    status, body, _ = client.request("POST", "/predict", {"x": [[0, 0, 0]], "bias": [1, 1, 1]})
+    assert status == 400 and body["error"].startswith("unknown input 'bias'")
+    assert client.request("POST", "/predict", {"x": [[0, 0, 0]]})[1] == {"y": [[1.0, 2.0, 3.0]]}
