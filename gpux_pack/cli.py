@@ -354,11 +354,16 @@ def _print_error(e: PackError, prefix: str = "") -> None:
     """One line; a failed build adds the end of the failing step's output. A user's value with
     a line break in it never splits the line."""
     text = str(e) if isinstance(e, BuildError) else " ".join(str(e).splitlines())
-    print(f"error: {prefix}{text}", file=sys.stderr)
+    print("\n".join(_printable(line) for line in f"error: {prefix}{text}".split("\n")), file=sys.stderr)
     if isinstance(e, BuildError) and e.log_tail:
         print("last lines of its output:", file=sys.stderr)
         for line in e.log_tail:
-            print(f"  | {line}", file=sys.stderr)
+            print(f"  | {_printable(line)}", file=sys.stderr)
+
+
+def _printable(line: str) -> str:
+    """Control characters (a NUL in a user's value, a terminal escape) shown escaped."""
+    return line if line.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -89,6 +89,17 @@ class BoundedLoader(yaml.SafeLoader):
         if self._nodes > MAX_NODES:
             raise YAMLLimitError(None, None, f"more than {MAX_NODES} values once aliases are expanded", mark)
 
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        """PyYAML's constructors raise plain Python errors for odd explicit tags
+        (`!!timestamp ''`, `!!int x`): made YAML errors with the node's position."""
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as e:
+            problem = f"cannot read this {node.tag.rsplit(':', 1)[-1]} value ({type(e).__name__})"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
     def construct_yaml_int(self, node: Any) -> int:
         try:
             return super().construct_yaml_int(node)
@@ -119,6 +130,8 @@ def compose_and_construct(text: str) -> tuple[Any, Any]:
 def non_json(value: Any, path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], str] | None:
     """The first value JSON cannot hold, as (path, problem); None when all is JSON.
     Integer keys become text (ONNX names such as `0` are common); other keys must be text."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**64:
+        return (path, "integer too large (JSON clients read at most 64-bit integers)")
     if value is None or isinstance(value, (str, bool, int)):
         return None
     if isinstance(value, float):
