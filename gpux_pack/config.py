@@ -216,8 +216,10 @@ class ModelSection(_Section):
             raise ValueError("only local files are packaged; download the model and point to it")
         if not v.strip():
             raise ValueError("is empty")
-        if not v.isprintable() or len(v) > 4096:
+        if not v.isprintable():
             raise ValueError(f"{_shown(v)} is not a usable path (control characters or line breaks)")
+        if len(v) > 4096:
+            raise ValueError(f"{_shown(v)} is longer than 4096 characters")
         return v
 
 

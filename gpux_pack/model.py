@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -108,18 +109,23 @@ def _external_file(path: Path, shown: str, tensor: Any) -> str:
         raise ModelError(shown, f"external data location {ascii(location)} of tensor {name} must be a "
                                 "relative path inside the model's folder, without '..'")
     target = path.parent / location
-    if not target.resolve().is_relative_to(path.parent.resolve()):
+    if not Path(os.path.realpath(target)).is_relative_to(os.path.realpath(path.parent)):
         raise ModelError(shown, f"external data '{location}' is outside the model's folder")
-    if not target.is_file():
-        what = "is missing" if not target.exists() else "is not a regular file"
-        raise ModelError(shown, f"external data file '{location}' {what} (tensor {name})")
+    try:
+        info_stat = os.stat(target)
+    except FileNotFoundError:
+        raise ModelError(shown, f"external data file '{location}' is missing (tensor {name})") from None
+    except OSError as e:  # a name too long, a symlink loop
+        raise ModelError(shown, f"external data file {ascii(location[:80])} cannot be read: {e.strerror} (tensor {name})") from None
+    if not stat.S_ISREG(info_stat.st_mode):
+        raise ModelError(shown, f"external data file '{location}' is not a regular file (tensor {name})")
     numbers = {}
     for key in ("offset", "length"):
         raw = info.get(key, "0")
         if not _DECIMAL.fullmatch(raw):
             raise ModelError(shown, f"external data {key} {ascii(raw)} of tensor {name} is not a non-negative integer")
         numbers[key] = int(raw)
-    if numbers["offset"] + numbers["length"] > target.stat().st_size:
+    if numbers["offset"] + numbers["length"] > info_stat.st_size:
         raise ModelError(shown, f"external data file '{location}' is truncated (tensor {name})")
     return location
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,12 @@ def load(path: Path) -> Loaded:
     """Config and model, checked against each other. No Docker, no network."""
     project = load_project(path)
     model_path = project.model_path
-    if not model_path.exists():
-        raise project.error(("model", "source"), f"file not found: {model_path}")
+    try:
+        os.stat(model_path)
+    except FileNotFoundError:
+        raise project.error(("model", "source"), f"file not found: {model_path}") from None
+    except OSError as e:  # a symlink loop, a name too long
+        raise project.error(("model", "source"), f"cannot read: {e.strerror or e}") from None
     if model_path.is_dir():
         raise project.error(("model", "source"), f"is a folder, not an .onnx file: {model_path}")
     if not model_path.is_file():

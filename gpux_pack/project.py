@@ -3,6 +3,7 @@ config.py, with pydantic's errors turned into `gpux.yml:12: inputs.image.type: p
 
 from __future__ import annotations
 
+import os
 import re
 import typing
 import types
@@ -35,7 +36,9 @@ class Project:
 
     @property
     def model_path(self) -> Path:
-        return (self.root / self.config.model.source).resolve()
+        # os.path.realpath, not Path.resolve: a symlink loop must not raise (pipeline.load
+        # then reports the path as unreadable)
+        return Path(os.path.realpath(self.root / self.config.model.source))
 
     def error(self, path: tuple[Any, ...], problem: str) -> ConfigError:
         """A ConfigError pointing at a field of this file."""
@@ -51,18 +54,22 @@ class Project:
 
 def find_config(path: Path) -> Path:
     """PATH is a folder holding gpux.yml, or the file itself."""
-    if path.is_dir():
-        for name in CONFIG_NAMES:
-            if (path / name).is_file():
-                return path / name
-        raise UsageError(f"{_display(path)}: no gpux.yml in this folder")
-    if not path.exists():
-        raise UsageError(f"{_display(path)}: no such file or folder")
+    try:
+        if path.is_dir():
+            for name in CONFIG_NAMES:
+                if (path / name).is_file():
+                    return path / name
+            raise UsageError(f"{_display(path)}: no gpux.yml in this folder")
+        if not path.exists():
+            raise UsageError(f"{_display(path)}: no such file or folder")
+        os.stat(path)  # a symlink loop or an over-long name fails here, not later
+    except OSError as e:  # ENAMETOOLONG, ELOOP: pathlib raises them on 3.11
+        raise UsageError(f"{_display(path)}: cannot read: {e.strerror or e}") from None
     return path  # safe_yaml.read_text refuses FIFOs and devices
 
 
 def load_project(path: Path) -> Project:
-    config_path = find_config(Path(path)).resolve()
+    config_path = Path(os.path.realpath(find_config(Path(path))))
     display = _display(config_path)
     try:
         text = safe_yaml.read_text(config_path)
@@ -216,6 +223,6 @@ def _dotted(path: tuple[Any, ...]) -> str:
 def _display(path: Path) -> str:
     """Paths in messages are relative to the working folder when they are inside it."""
     try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
+        return str(Path(os.path.realpath(path)).relative_to(Path.cwd()))
+    except (ValueError, OSError):
         return str(path)
