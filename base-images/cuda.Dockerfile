@@ -2,26 +2,12 @@
 # Runtime base image for the cuda execution provider (NVIDIA CUDA 13):
 # onnxruntime-gpu 1.31.1 and the gpux runtime on python:3.11-slim. Model images build on it in seconds.
 
-# Stage 1: the locked wheels go into a venv from the context, with no index: the build needs
-# no network for Python packages. pip runs from its own wheel and never enters the image.
-FROM python:3.11-slim AS deps
-COPY tools/ /tmp/tools/
-COPY wheels/ /tmp/wheels/
-RUN python3 -m venv --without-pip /opt/gpux/venv \
- && /opt/gpux/venv/bin/python /tmp/tools/pip.whl/pip install \
-      --no-index --find-links /tmp/wheels --require-hashes --only-binary :all: \
-      --no-cache-dir --disable-pip-version-check --no-warn-script-location \
-      --requirement /tmp/wheels/requirements.lock
-COPY runtime/ /opt/gpux/runtime/
-# compileall, then the link check: the provider's libraries must resolve here, or the build
-# fails naming the missing one (instead of a silent CPU fallback in production).
-RUN /opt/gpux/venv/bin/python -m compileall -q /opt/gpux/runtime \
- && /opt/gpux/venv/bin/python /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider CUDAExecutionProvider --lib libonnxruntime_providers_cuda.so --dlopen libcudnn.so.9 --dir 'nvidia/*/lib' --dir tensorrt_libs --driver libcuda.so.1 --driver libnvidia-ml.so.1 --driver libnvcuvid.so.1 --driver libnvidia-ptxjitcompiler.so.1 --hint 'take CUDA and cuDNN from NVIDIA'"'"'s wheels (pack.nvidia_libs: wheels) or use --base-image vendor'
-
-# Stage 2: the venv and the runtime.
+# The locked wheels were installed on the host for this image's Python and platform,
+# and the link check read this base image's files there: nothing runs in this build.
+# Each COPY is one layer of files placed from / (packages/opt/gpux/... -> /opt/gpux/...):
+# base -> installed packages -> runtime.
 FROM python:3.11-slim
-ENV PATH=/opt/gpux/venv/bin:$PATH \
-    PYTHONPATH=/opt/gpux/runtime \
+ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
@@ -29,13 +15,13 @@ ENV PATH=/opt/gpux/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     GPUX_CACHE_DIR=/tmp/gpux-cache
-COPY --from=deps /opt/gpux/venv /opt/gpux/venv
-COPY --from=deps /opt/gpux/runtime /opt/gpux/runtime
+COPY packages/ /
+COPY runtime/ /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime", "healthcheck"]
-ENTRYPOINT ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime"]
+  CMD ["python3", "-m", "gpux_runtime", "healthcheck"]
+ENTRYPOINT ["python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 LABEL org.opencontainers.image.title="gpux runtime for cuda" \
       org.opencontainers.image.description="onnxruntime-gpu 1.31.1 and the gpux runtime, without a model" \

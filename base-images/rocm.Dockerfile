@@ -2,38 +2,24 @@
 # Runtime base image for the rocm execution provider (AMD ROCm 7.2):
 # onnxruntime-rocm 1.22.2.post3 and the gpux runtime on rocm/dev-ubuntu-24.04:7.2. Model images build on it in seconds.
 
-# Stage 1: the locked wheels go into a venv from the context, with no index: the build needs
-# no network for Python packages. pip runs from its own wheel and never enters the image.
-FROM rocm/dev-ubuntu-24.04:7.2 AS deps
-COPY tools/ /tmp/tools/
-COPY wheels/ /tmp/wheels/
-RUN python3 -m venv --without-pip /opt/gpux/venv \
- && /opt/gpux/venv/bin/python /tmp/tools/pip.whl/pip install \
-      --no-index --find-links /tmp/wheels --require-hashes --only-binary :all: \
-      --no-cache-dir --disable-pip-version-check --no-warn-script-location \
-      --requirement /tmp/wheels/requirements.lock
-COPY runtime/ /opt/gpux/runtime/
-# compileall, then the link check: the provider's libraries must resolve here, or the build
-# fails naming the missing one (instead of a silent CPU fallback in production).
-RUN /opt/gpux/venv/bin/python -m compileall -q /opt/gpux/runtime \
- && /opt/gpux/venv/bin/python /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider ROCMExecutionProvider --lib libonnxruntime_providers_rocm.so --hint 'use a ROCm 7.2 base image such as rocm/dev-ubuntu-24.04:7.2'
-
-# Stage 2: the venv and the runtime.
+# The locked wheels were installed on the host for this image's Python and platform,
+# and the link check read this base image's files there: nothing runs in this build.
+# Each COPY is one layer of files placed from / (packages/opt/gpux/... -> /opt/gpux/...):
+# base -> installed packages -> runtime.
 FROM rocm/dev-ubuntu-24.04:7.2
-ENV PATH=/opt/gpux/venv/bin:$PATH \
-    PYTHONPATH=/opt/gpux/runtime \
+ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     GPUX_CONFIG=/opt/gpux/gpux.json \
     GPUX_CACHE_DIR=/tmp/gpux-cache
-COPY --from=deps /opt/gpux/venv /opt/gpux/venv
-COPY --from=deps /opt/gpux/runtime /opt/gpux/runtime
+COPY packages/ /
+COPY runtime/ /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime", "healthcheck"]
-ENTRYPOINT ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime"]
+  CMD ["python3", "-m", "gpux_runtime", "healthcheck"]
+ENTRYPOINT ["python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 LABEL org.opencontainers.image.title="gpux runtime for rocm" \
       org.opencontainers.image.description="onnxruntime-rocm 1.22.2.post3 and the gpux runtime, without a model" \

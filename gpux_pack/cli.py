@@ -112,6 +112,11 @@ def build(
         try:
             prepared = pipeline.prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
             plan = prepared.plan
+            if prepared.runtime is not None:  # once per provider, base and lock; then only models
+                runtime = prepared.runtime
+                building.build_context(client, runtime.context, runtime.tag, ui, no_cache=no_cache,
+                                       platform=plan.platform, title=f"building the runtime base image {runtime.tag} "
+                                       f"({runtime.context.size_bytes / 1e6:.0f} MB context)")
             baked = plan.warmup == "baked"
             built = building.build_image(client, prepared.context, plan, ui, no_cache=no_cache, tag=not baked)
             if baked:
@@ -138,7 +143,9 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
                 "provider": plan.provider.name,
                 "reason": plan.reason,
                 "base_image": plan.base.image,
-                "runtime_base": prepared.wheelhouse is None,
+                "runtime_base": plan.runtime_base,
+                "runtime_base_built": prepared.runtime is not None,
+                "context_bytes": prepared.context.size_bytes,
                 "platform": plan.platform,
                 "python": plan.base.python,
                 "onnxruntime": prepared.lock.version_of(plan.provider.ort),
@@ -199,7 +206,8 @@ def render(
     decision = pipeline.choose_providers(loaded, cli, client, ui)
     if len(decision.providers) > 1:
         raise typer.BadParameter("render writes one context: give one provider", param_hint="--provider")
-    prepared = pipeline.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False, refresh=refresh)
+    prepared = pipeline.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False,
+                                refresh=refresh, self_contained=True)
     contexts.write(prepared.context, output)
     print(f"wrote {output}/Dockerfile and its context ({prepared.context.size_bytes / 1e6:.0f} MB); "
           f"build it with: docker build -t {prepared.plan.tag} {output}")

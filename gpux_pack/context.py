@@ -1,7 +1,9 @@
-"""The build context: Dockerfile, wheelhouse, runtime, model and gpux.json.
+"""The build context: Dockerfile, installed packages, runtime, model and gpux.json.
 
-Deterministic (sorted entries, fixed mtimes, root owner, normalised modes) so an unchanged
-project hits the layer cache, and `render --output DIR` writes exactly what `build` sends.
+One folder per layer, each a tree placed from / (`COPY packages/ /`), so every folder a layer
+holds comes from the context with fixed metadata: deterministic entries (sorted, fixed mtimes,
+root owner, normalised modes) give the same layer diff ids on every build, whether sent by
+`build` or written by `render --output` for a plain `docker build`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ from pathlib import Path
 from typing import IO
 
 from gpux_pack.errors import PackError, UsageError
-from gpux_pack.plan import Plan
-from gpux_pack.wheels import Wheelhouse
+from gpux_pack.plan import APP_DIR, SITE, Plan
+from gpux_pack.wheels import Installed
 
 MTIME = 315532800  # 1980-01-01: fixed, and valid in every archive format
 RUNTIME_SRC = Path(__file__).resolve().parent / "runtime"
 MARKER = ".gpux-context"
+# layer folder -> where its tree lands in the image
+PACKAGES = "packages" + SITE
+RUNTIME = f"runtime{APP_DIR}/runtime/gpux_runtime"
+MODEL = f"model{APP_DIR}/model"
+CONFIG = f"config{APP_DIR}/gpux.json"
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,7 @@ class Entry:
     name: str  # path inside the context, with /
     source: Path | None = None
     data: bytes | None = None
+    mode: int = 0o644  # 0o755 for executables (shared libraries keep it, as pip installs them)
 
     @property
     def size(self) -> int:
@@ -52,17 +60,17 @@ class Context:
         return sorted(out)
 
 
-def assemble(plan: Plan, wheelhouse: Wheelhouse | None, dockerfile: str, runtime_json: dict) -> Context:
-    """A model image's context; without a wheelhouse it builds on a runtime base image."""
+def assemble(plan: Plan, installed: Installed | None, dockerfile: str, runtime_json: dict) -> Context:
+    """A model image's context; without installed packages it builds on a runtime base image."""
     entries = [
         Entry("Dockerfile", data=dockerfile.encode()),
         Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
-        Entry("gpux.json", data=_strict_json(runtime_json)),
+        Entry(CONFIG, data=_strict_json(runtime_json)),
     ]
-    if wheelhouse is not None:
-        entries += _runtime_entries(wheelhouse)
+    if installed is not None:
+        entries += _runtime_entries(installed)
     folder = plan.model.path.parent
-    entries += [Entry(f"model/{name}", source=folder / name) for name in plan.model.files]
+    entries += [Entry(f"{MODEL}/{name}", source=folder / name) for name in plan.model.files]
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
 
 
@@ -75,31 +83,32 @@ def _strict_json(value: dict) -> bytes:
         raise PackError(f"gpux.json: cannot write {e}") from None
 
 
-def assemble_runtime(wheelhouse: Wheelhouse, dockerfile: str) -> Context:
-    """A runtime base image's context: wheels, pip and the runtime, no model."""
+def assemble_runtime(installed: Installed, dockerfile: str) -> Context:
+    """A runtime base image's context: the installed packages and the runtime, no model."""
     entries = [Entry("Dockerfile", data=dockerfile.encode()), Entry(MARKER, data=b"runtime\n")]
-    entries += _runtime_entries(wheelhouse)
+    entries += _runtime_entries(installed)
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
 
 
-def _runtime_entries(wheelhouse: Wheelhouse) -> list[Entry]:
-    entries = [Entry("wheels/requirements.lock", data=wheelhouse.lock_text().encode())]
-    entries += [Entry(f"wheels/{w.path.name}", source=w.path) for w in wheelhouse.wheels]
-    pip = next(w for w in wheelhouse.tools if w.pin.name == "pip")
-    entries.append(Entry("tools/pip.whl", source=pip.path))  # a fixed name: Dockerfiles need no lock
-    entries += [Entry(f"runtime/gpux_runtime/{src.name}", source=src) for src in sorted(RUNTIME_SRC.glob("*.py"))]
+def _runtime_entries(installed: Installed) -> list[Entry]:
+    entries = []
+    for path in sorted(installed.path.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+            entries.append(Entry(f"{PACKAGES}/{path.relative_to(installed.path).as_posix()}", source=path, mode=mode))
+    entries += [Entry(f"{RUNTIME}/{src.name}", source=src) for src in sorted(RUNTIME_SRC.glob("*.py"))]
     return entries
 
 
 def tar(ctx: Context) -> IO[bytes]:
-    """The context as a tar in a temporary file (a CUDA wheelhouse is too big for memory)."""
+    """The context as a tar in a temporary file (CUDA packages are too big for memory)."""
     out = tempfile.TemporaryFile()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for name in ctx.dirs():
             info = _info(name, tarfile.DIRTYPE, 0o755)
             archive.addfile(info)
         for entry in ctx.entries:
-            info = _info(entry.name, tarfile.REGTYPE, 0o644)
+            info = _info(entry.name, tarfile.REGTYPE, entry.mode)
             info.size = entry.size
             if entry.data is not None:
                 archive.addfile(info, io.BytesIO(entry.data))
@@ -133,7 +142,7 @@ def write(ctx: Context, out: Path) -> None:
             target.write_bytes(entry.data)
         else:
             shutil.copyfile(entry.source, target)  # type: ignore[arg-type]
-        os.chmod(target, 0o644)
+        os.chmod(target, entry.mode)
         os.utime(target, (MTIME, MTIME))
     for name in [*reversed(ctx.dirs()), ""]:
         os.chmod(out / name, 0o755)

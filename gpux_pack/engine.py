@@ -1,18 +1,15 @@
-"""Talking to the Docker engine (outside of builds): connect, host facts, base-image probe,
+"""Talking to the Docker engine (outside of builds): connect, host facts, base images,
 image labels. Every engine failure becomes one DockerError line with a hint."""
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpux_pack.errors import DockerError, PackError, UsageError
-from gpux_pack.providers import BaseImage, HostInfo
+from gpux_pack.errors import DockerError, UsageError
+from gpux_pack.providers import HostInfo
 from gpux_pack.reference import parse_reference
-from gpux_pack.wheels import ARCHES, cache_dir
 
 # Every container the CLI creates carries this label, so a test (or a user) can check that
 # none is ever left behind: `docker ps -a --filter label=io.gpux.pack.role`.
@@ -94,85 +91,29 @@ def _is_local(client: Any) -> bool:
 # ---------------------------------------------------------------------------------------------
 # base image
 
-_PROBE = (
-    "import json, platform, sys; "
-    "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
-    "'libc': platform.libc_ver(), 'machine': platform.machine()}))"
-)
 
-
-def probe_base(client: Any, base: BaseImage, pull: bool, log: Callable[[str], None]) -> BaseImage | None:
-    """Read Python, glibc and architecture from the base image itself (cached by image id).
-    None when the image is absent and may not be pulled."""
+def base_image(client: Any, image: str, pull: bool, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The base image's `docker image inspect` attributes, pulled first when absent and
+    allowed; None when absent and not to be pulled. Nothing runs in it."""
     import docker
 
-    image = base.image
     try:
-        img = client.images.get(image)
+        return client.images.get(image).attrs
     except docker.errors.ImageNotFound:
         if not pull:
             return None
-        log(f"pulling base image {image}")
-        repo, tag = parse_reference(image).repository_tag
-        try:
-            client.api.pull(repo, tag=tag)
-            img = client.images.get(image)
-        except Exception as e:
-            raise DockerError(
-                f"base image {image} is not present and cannot be pulled ({_short(e)}); "
-                "pull or load it, or pick another with --base-image"
-            ) from None
     except docker.errors.APIError as e:
         raise DockerError(f"cannot inspect base image {image}: {_short(e)}") from None
-
-    cached = cache_dir() / "probes" / f"{img.id.replace(':', '-')}.json"
-    if cached.is_file():
-        facts = json.loads(cached.read_text())
-    else:
-        facts = _run_probe(client, image)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(facts))
-    lib, version = facts["libc"]
-    if lib != "glibc":
-        raise UsageError(f"{image} has no glibc (musl/Alpine?); ONNX Runtime wheels need a glibc base")
-    major, minor = (int(p) for p in version.split(".")[:2])
-    arch = ARCHES.get(f"linux/{img.attrs.get('Architecture', 'amd64')}", facts["machine"])
-    return replace(base, python=facts["python"], glibc=(major, minor), arch=arch, probed=True)
-
-
-def _run_probe(client: Any, image: str) -> dict[str, Any]:
-    """Run python3 in the base image. The container is removed on every path: a base without
-    python3 fails at start, after the container exists."""
-    import docker
-
-    container = None
+    log(f"pulling base image {image}")
+    repo, tag = parse_reference(image).repository_tag
     try:
-        container = client.containers.create(
-            image, entrypoint=["python3", "-c", _PROBE], network_disabled=True, user="0",
-            labels={ROLE_LABEL: "probe"},
-        )  # fmt: skip
-        container.start()
-        code = container.wait(timeout=120).get("StatusCode")
-        out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-        if code != 0:
-            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace").strip().splitlines()
-            raise UsageError(f"{image}: python3 failed in the base image (exit {code}: {err[-1][:200] if err else ''})")
-        return json.loads(out.strip().splitlines()[-1])
-    except PackError:
-        raise
-    except docker.errors.APIError as e:
-        if "executable file not found" in str(e) or "no such file" in str(e).lower():
-            raise UsageError(
-                f"{image} has no python3 on PATH; use a base with Python 3.11+ (e.g. python:3.11-slim)"
-            ) from None
-        raise DockerError(f"cannot run base image {image}: {_short(e)}") from None
-    except (ValueError, IndexError, KeyError, TypeError):
-        raise UsageError(f"{image}: cannot read its Python version") from None
-    except Exception as e:  # the engine went away, or the probe hung past its timeout
-        raise DockerError(f"cannot run base image {image}: {_short(e)}") from None
-    finally:
-        if container is not None:
-            remove_container(container)
+        client.api.pull(repo, tag=tag)
+        return client.images.get(image).attrs
+    except Exception as e:
+        raise DockerError(
+            f"base image {image} is not present and cannot be pulled ({_short(e)}); "
+            "pull or load it, or pick another with --base-image"
+        ) from None
 
 
 def remove_container(container: Any) -> None:

@@ -1,19 +1,23 @@
-"""The stages in order: config -> model -> plan -> wheels -> Dockerfile -> context -> image.
+"""The stages in order: load (config, model) -> plan (every decision, the lock included) ->
+install (on the host, then the link check) -> render -> context -> build.
 `build` and `render` share everything up to the context."""
 
 from __future__ import annotations
 
-import hashlib
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpux_pack import context as contexts
-from gpux_pack import engine, providers, render, wheels
+from gpux_pack import engine, providers, render, rootfs, wheels
+from gpux_pack.errors import BuildError
 from gpux_pack.project import Project, load_project
 from gpux_pack.model import ModelInfo, Signature, inspect_model, reconcile
-from gpux_pack.plan import Options, Plan, assumed_base, check_model_for, choose_base, make_plan, runtime_config
+from gpux_pack.plan import (SITE, Options, Plan, assumed_base, check_model_for, choose_base, link_check_mode,
+                            make_plan, runtime_base_tag, runtime_config, with_lock)
+from gpux_pack.runtime import linkcheck
 from gpux_pack.providers import BaseImage
 from gpux_pack.ui import Reporter
 
@@ -26,12 +30,30 @@ class Loaded:
 
 
 @dataclass(frozen=True)
-class Prepared:
-    plan: Plan
-    wheelhouse: wheels.Wheelhouse | None  # None: built on a runtime base image
+class PreparedRuntime:
+    """A provider's runtime base image, ready to build: base -> installed packages -> runtime."""
+
+    provider: providers.Provider
+    tag: str
     lock: wheels.Lock
+    installed: wheels.Installed
     dockerfile: str
     context: contexts.Context
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A model image, ready to build. `runtime`: its runtime base image, when the engine lacks
+    it (built first); None when present, or when the context is self-contained (render)."""
+
+    plan: Plan
+    runtime: PreparedRuntime | None
+    dockerfile: str
+    context: contexts.Context
+
+    @property
+    def lock(self) -> wheels.Lock:
+        return self.plan.lock  # type: ignore[return-value]
 
 
 def load(path: Path) -> Loaded:
@@ -81,8 +103,8 @@ def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Rep
 def plan_for(
     loaded: Loaded, provider_name: str, reason: str, options: Options, client: Any | None, ui: Reporter, pull: bool
 ) -> Plan:
-    """The plan for one provider. With an engine, the base image's facts are read from the
-    image itself; without one (render, unit tests), the provider table's facts are assumed."""
+    """The plan for one provider, before its wheels are resolved (see locked). With an engine,
+    the base image's facts are read from its files; without one, the table's are assumed."""
     project = loaded.project
     provider = providers.get(provider_name, cuda=project.config.pack.cuda)
     base = base_facts(choose_base(project, provider, options), options.platform, project.config.pack.python,
@@ -90,17 +112,29 @@ def plan_for(
     return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options)
 
 
+def locked(plan: Plan, ui: Reporter, refresh: bool = False) -> Plan:
+    """The plan with its wheels resolved for its target (cached by requirements and target)."""
+    ui.info(f"resolving wheels for {plan.target.describe()}")
+    return with_lock(plan, wheels.resolve(plan.requirements, plan.target, refresh=refresh))
+
+
 def base_facts(
     base: BaseImage, platform: str | None, python: str | None, client: Any | None, ui: Reporter, pull: bool
 ) -> BaseImage:
-    """Python, glibc and architecture of the base image: read from the image when an engine is
-    there, else the provider table's facts (with pack.python, when given)."""
-    probed = engine.probe_base(client, base, pull=pull, log=ui.info) if client is not None else None
-    if probed is None:
-        probed = assumed_base(base, platform, python)
-        ui.info(f"base image {base.image} not inspected: assuming Python {probed.python}, "
-                f"glibc {probed.glibc[0]}.{probed.glibc[1]}")
-    return probed
+    """Python, glibc and architecture of the base image, read on the host from its files
+    (exported once per image id; nothing runs, so a foreign architecture works). Without an
+    engine, the provider table's facts (with pack.python, when given)."""
+    attrs = engine.base_image(client, base.image, pull, ui.info) if client is not None else None
+    if attrs is None:
+        assumed = assumed_base(base, platform, python)
+        ui.info(f"base image {base.image} not inspected: assuming Python {assumed.python}, "
+                f"glibc {assumed.glibc[0]}.{assumed.glibc[1]}")
+        return assumed
+    root = rootfs.export(client, base.image, ui.info)
+    arch = "/".join(filter(None, [attrs.get("Architecture") or "amd64", attrs.get("Variant")]))
+    found, glibc, machine = rootfs.facts(root, arch, base.image, require_python=base.has_python)
+    return replace(base, python=found or python or base.python, glibc=glibc, arch=machine, probed=True,
+                   id=attrs["Id"], rootfs=str(root), ld_library_path=tuple(rootfs.library_path(attrs)))
 
 
 def prepare(
@@ -112,46 +146,73 @@ def prepare(
     ui: Reporter,
     pull: bool,
     refresh: bool = False,
+    self_contained: bool = False,
 ) -> Prepared:
-    plan = plan_for(loaded, provider_name, reason, options, client, ui, pull)
-    ui.info(f"resolving wheels for {plan.target.describe()}")
-    lock = wheels.resolve(plan.requirements, plan.target, refresh=refresh)
-    ort_version = lock.version_of(plan.provider.ort) or "unknown"
-    spec = runtime_config(plan, providers.session_providers(plan.provider, loaded.project.config), ort_version)
-    runtime_base = runtime_base_tag(plan.provider, plan.base, plan.link_check, lock)
-    if client is not None and engine.image_exists(client, runtime_base):
-        ui.info(f"building on the runtime base image {runtime_base}")
-        dockerfile = render.dockerfile(plan, lock, runtime_base=runtime_base)
-        return Prepared(plan, None, lock, dockerfile, contexts.assemble(plan, None, dockerfile, spec))
-    wheelhouse = wheels.fetch(lock, log=ui.info)
-    dockerfile = render.dockerfile(plan, lock)
-    return Prepared(plan, wheelhouse, lock, dockerfile, contexts.assemble(plan, wheelhouse, dockerfile, spec))
+    """build: a model context on the provider's runtime base image (prepared too when the engine
+    lacks it). self_contained (render): one context with everything, which `docker build`
+    turns into an image with the same layers."""
+    plan = locked(plan_for(loaded, provider_name, reason, options, client, ui, pull), ui, refresh)
+    lock = plan.lock
+    assert lock is not None
+    spec = runtime_config(plan, providers.session_providers(plan.provider, loaded.project.config),
+                          lock.version_of(plan.provider.ort) or "unknown")
+    if self_contained:
+        installed = install(plan.provider, plan.base, plan.link_check, lock, ui)
+        dockerfile = render.dockerfile(plan, part="image")
+        return Prepared(plan, None, dockerfile, contexts.assemble(plan, installed, dockerfile, spec))
+    runtime = None
+    if client is None or not engine.image_exists(client, plan.runtime_base):
+        runtime = runtime_part(plan.provider, plan.base, plan.link_check, lock, plan.runtime_base, ui)
+    else:
+        ui.info(f"runtime base image {plan.runtime_base} is present: only the model is sent")
+    dockerfile = render.dockerfile(plan, part="model")
+    return Prepared(plan, runtime, dockerfile, contexts.assemble(plan, None, dockerfile, spec))
+
+
+def install(
+    provider: providers.Provider, base: BaseImage, link_check: str, lock: wheels.Lock, ui: Reporter
+) -> wheels.Installed:
+    """The locked wheels installed on the host, then the link check on base + installed tree."""
+    installed = wheels.install(wheels.fetch(lock, log=ui.info), log=ui.info)
+    if not installed.compiled:
+        ui.info(f"no bytecode shipped: this host runs Python {sys.version_info[0]}.{sys.version_info[1]}, "
+                f"the image {lock.target.python}")
+    check_links(provider, base, link_check, installed, ui)
+    return installed
+
+
+def check_links(
+    provider: providers.Provider, base: BaseImage, link_check: str, installed: wheels.Installed, ui: Reporter
+) -> None:
+    """The provider's libraries must resolve in base + installed packages, for the image's
+    architecture, or the build fails naming the missing one before anything is built or tagged
+    (instead of a silent CPU fallback in production)."""
+    if link_check != "host":
+        return
+    if not base.rootfs:
+        ui.info(f"link check not run: base image {base.image} was not inspected (no Docker engine)")
+        return
+    problems = linkcheck.check_tree(
+        provider.execution_providers[0], list(provider.libraries), list(provider.dlopen),
+        list(provider.library_dirs), list(provider.driver_libs), Path(base.rootfs), {SITE: installed.path},
+        SITE, base.arch, list(base.ld_library_path), ui.info,
+    )  # fmt: skip
+    if problems:
+        hint = provider.link_hint or "use a base image that provides it"
+        raise BuildError(linkcheck.failure(provider.execution_providers[0], problems, hint), "link check",
+                         [f"link check: {line}" for line in problems])
+
+
+def runtime_part(
+    provider: providers.Provider, base: BaseImage, link_check: str, lock: wheels.Lock, tag: str, ui: Reporter
+) -> PreparedRuntime:
+    installed = install(provider, base, link_check, lock, ui)
+    dockerfile = render.runtime_dockerfile(provider, base, link_check, tag=tag)
+    return PreparedRuntime(provider, tag, lock, installed, dockerfile, contexts.assemble_runtime(installed, dockerfile))
 
 
 # ---------------------------------------------------------------------------------------------
-# runtime base images: a provider's wheels and runtime, without a model
-
-
-def runtime_base_tag(provider: providers.Provider, base: BaseImage, link_check: bool, lock: wheels.Lock) -> str:
-    """Tag of the runtime base image that fits this lock: a digest of everything inside it."""
-    h = hashlib.sha256()
-    h.update(render.runtime_dockerfile(provider, base, link_check).encode())
-    h.update(lock.target.describe().encode())
-    for pin in (*lock.pins, *lock.tools):
-        h.update(f"{pin.name}=={pin.version}\n".encode())
-    for src in sorted(contexts.RUNTIME_SRC.glob("*.py")):
-        h.update(src.read_bytes())
-    version = lock.version_of(provider.ort) or provider.version
-    return f"gpux-pack/runtime-{provider.name}:{version}-{h.hexdigest()[:12]}"
-
-
-@dataclass(frozen=True)
-class PreparedRuntime:
-    provider: providers.Provider
-    tag: str
-    wheelhouse: wheels.Wheelhouse
-    dockerfile: str
-    context: contexts.Context
+# runtime base images on their own (`gpux-pack base build|render`)
 
 
 def prepare_runtime(
@@ -163,10 +224,8 @@ def prepare_runtime(
     if nvidia_libs:
         base = replace(base, nvidia_libs=nvidia_libs)
     base = base_facts(base, platform, None, client, ui, pull)
+    mode = link_check_mode(link_check, base)
     target = wheels.Target(base.python, base.arch, base.glibc)
     ui.info(f"resolving wheels for {target.describe()}")
     lock = wheels.resolve(provider.requirements(base.nvidia_libs), target, refresh=refresh)
-    wheelhouse = wheels.fetch(lock, log=ui.info)
-    tag = runtime_base_tag(provider, base, link_check, lock)
-    dockerfile = render.runtime_dockerfile(provider, base, link_check, tag=tag)
-    return PreparedRuntime(provider, tag, wheelhouse, dockerfile, contexts.assemble_runtime(wheelhouse, dockerfile))
+    return runtime_part(provider, base, mode, lock, runtime_base_tag(provider, base, mode, lock), ui)

@@ -5,9 +5,11 @@ Later stages (render, context, build) only read the plan; they decide nothing.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,10 +19,11 @@ from gpux_pack.model import ModelInfo, Signature
 from gpux_pack.project import Project
 from gpux_pack.providers import BaseImage, Provider, base_for
 from gpux_pack.reference import parse_reference
-from gpux_pack.wheels import ARCHES, Target
+from gpux_pack.wheels import ARCHES, Lock, Target
 
 APP_DIR = "/opt/gpux"
-VENV = f"{APP_DIR}/venv"
+SITE = f"{APP_DIR}/site-packages"  # the packages installed on the host
+PYTHON = "python3"  # the base image's own interpreter, found on PATH
 USER = "10001:10001"  # numeric: works on any base, needs no useradd in the final stage
 DEFAULT_TAG = "{name}:{version}-{provider}"
 
@@ -49,7 +52,9 @@ class Plan:
     warmup: str  # none | at-start | baked
     created: str
     nvidia_libs: str  # wheels | base
-    link_check: bool
+    link_check: str  # host | image | off: see link_check_mode
+    lock: Lock | None = None  # set by with_lock, once the wheels are resolved for target
+    runtime_base: str = ""  # the tag of the runtime base image the model image builds on
 
     @property
     def name(self) -> str:
@@ -117,6 +122,9 @@ def make_plan(
             f"{base.image} has glibc {base.glibc[0]}.{base.glibc[1]}; {provider.package} needs glibc {need} or newer"
         )
     platform = options.platform or {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[base.arch]
+    if base.probed and ARCHES[platform] != base.arch:
+        raise UsageError(f"--platform {platform}: base image {base.image} is for {base.arch}; "
+                         "give a base image of that platform with --base-image")
     if platform not in provider.platforms:
         raise UsageError(f"--platform {platform}: {provider.name} images exist for {', '.join(provider.platforms)}")
     return Plan(
@@ -131,8 +139,41 @@ def make_plan(
         warmup=warmup_mode(options.warmup or cfg.pack.warmup, provider, options.host_has_gpu),
         created=_created(),
         nvidia_libs=cfg.pack.nvidia_libs or base.nvidia_libs,
-        link_check=cfg.pack.link_check,
+        link_check=link_check_mode(cfg.pack.link_check, base),
     )
+
+
+def link_check_mode(enabled: bool, base: BaseImage) -> str:
+    """Where the link check runs. host: on the build host, reading the base image's exported
+    files and the installed packages (nothing runs in the image; any architecture). image: a
+    RUN step after the apt step that installs the provider's system libraries (MIGraphX), which
+    the host cannot see before the build; python3 alone from apt does not count. off: turned
+    off (pack.link_check: false), e.g. when the host mounts the libraries at run time."""
+    if not enabled:
+        return "off"
+    return "image" if base.system_packages else "host"
+
+
+def with_lock(plan: Plan, lock: Lock) -> Plan:
+    """The plan once its wheels are resolved: the lock, and the runtime base image it implies."""
+    return replace(plan, lock=lock, runtime_base=runtime_base_tag(plan.provider, plan.base, plan.link_check, lock))
+
+
+def runtime_base_tag(provider: Provider, base: BaseImage, link_check: str, lock: Lock) -> str:
+    """Content-addressed tag of a provider's runtime base image: a digest of everything that
+    makes it (base image, lock, link check, templates, runtime sources, gpux-pack version), so
+    an existing image of that tag is the one this build would make."""
+    from gpux_pack.render import templates_dir  # render imports plan
+
+    h = hashlib.sha256()
+    parts = [__version__, provider.name, base.image, base.id, base.python, link_check, lock.target.describe()]
+    parts += [f"{pin.name}=={pin.version}" for pin in lock.pins]
+    h.update("\n".join(parts).encode())
+    runtime = Path(__file__).resolve().parent / "runtime"
+    for src in [*sorted(runtime.glob("*.py")), *sorted(templates_dir().glob("*.j2"))]:
+        h.update(src.name.encode() + b"\0" + src.read_bytes())
+    version = lock.version_of(provider.ort) or provider.version
+    return f"gpux-pack/runtime-{provider.name}:{version}-{h.hexdigest()[:12]}"
 
 
 def check_model_for(model: ModelInfo, provider: Provider) -> None:

@@ -25,7 +25,8 @@ NVIDIA_WHEEL_LIBS = ("nvidia/*/lib", "tensorrt_libs")  # nvidia/cu13/lib, nvidia
 @dataclass(frozen=True)
 class BaseImage:
     """A base image a provider can build on: what the table knows of it, then (probed=True)
-    what the image itself says of its Python, glibc and architecture."""
+    what the image's own files say of its Python, glibc and architecture (read on the host
+    from its exported root filesystem, never by running it)."""
 
     image: str
     python: str  # its Python, for locking wheels when the image cannot be inspected
@@ -35,11 +36,13 @@ class BaseImage:
     system_packages: tuple[str, ...] = ()  # apt packages the provider needs on this base
     arch: str = "x86_64"  # x86_64 | aarch64
     probed: bool = False
+    id: str = ""  # the image id, once inspected
+    rootfs: str = ""  # its exported root filesystem on the host (what the link check reads)
+    ld_library_path: tuple[str, ...] = ()  # its LD_LIBRARY_PATH, from the image config
 
-    def packages(self, stage: str) -> tuple[str, ...]:
-        """apt packages for the deps stage (which makes the venv) or the final stage."""
-        python = () if self.has_python else (("python3", "python3-venv") if stage == "deps" else ("python3",))
-        return (*python, *self.system_packages)
+    def packages(self) -> tuple[str, ...]:
+        """apt packages the image needs on this base: python3 where the base lacks it."""
+        return (*(() if self.has_python else ("python3",)), *self.system_packages)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Plan + lock -> Dockerfile text, through the Jinja2 templates in templates/.
 
-Three parts come from one template family: "image" (a model image, built from scratch),
-"runtime" (a provider's runtime base image: wheels and runtime, no model) and "model" (a model
-image on top of such a runtime base image).
+Three parts come from one template family: "runtime" (a provider's runtime base image: base,
+installed packages, runtime), "model" (a model image on top of it: model, gpux.json) and
+"image" (both in one self-contained Dockerfile, for `render`: the same layers).
 
 Where text meets the Dockerfile, one rule: every value goes through the filter of its exact
 context (`comment`, `image_ref`, `label_lines`), which validates or escapes it, and a finaliser
@@ -23,7 +23,6 @@ from gpux_pack import __version__, plan as planning
 from gpux_pack.plan import Plan
 from gpux_pack.providers import BaseImage, Provider
 from gpux_pack.reference import parse_reference
-from gpux_pack.wheels import Lock
 
 LINKCHECK = f"{planning.APP_DIR}/runtime/gpux_runtime/linkcheck.py"
 # Every character some parser or editor takes as the end of a line (str.splitlines' set).
@@ -106,7 +105,7 @@ def environment() -> jinja2.Environment:
 def link_check_command(provider: Provider) -> str:
     """The build step that proves the provider's libraries resolve in the image (shell-quoted:
     the library globs are for the check, not for the shell)."""
-    cmd = [f"{planning.VENV}/bin/python", LINKCHECK, "--provider", provider.execution_providers[0]]
+    cmd = [planning.PYTHON, LINKCHECK, "--provider", provider.execution_providers[0]]
     for flag, values in (("--lib", provider.libraries), ("--dlopen", provider.dlopen),
                          ("--dir", provider.library_dirs), ("--driver", provider.driver_libs)):
         for value in values:
@@ -121,7 +120,8 @@ def _render(provider: Provider, **values: Any) -> str:
     text = template.render(
         pack_version=__version__,
         provider=provider,
-        venv=planning.VENV,
+        site=planning.SITE,
+        python=planning.PYTHON,
         app=planning.APP_DIR,
         user=planning.USER,
         **values,
@@ -134,26 +134,28 @@ def _render(provider: Provider, **values: Any) -> str:
     return "\n".join(out).strip() + "\n"
 
 
-def dockerfile(plan: Plan, lock: Lock, runtime_base: str | None = None) -> str:
-    """The model image: built from scratch, or on `runtime_base` when one fits."""
-    ort_version = lock.version_of(plan.provider.ort) or "unknown"
+def dockerfile(plan: Plan, part: str = "model") -> str:
+    """The model image. part "model": on the plan's runtime base image (what `build` sends);
+    "image": self-contained, from the base image (what `render` writes), with the same layers."""
+    lock = plan.lock
+    ort_version = (lock.version_of(plan.provider.ort) if lock else None) or "unknown"
     return _render(
         plan.provider,
-        part="model" if runtime_base else "image",
-        runtime_base=runtime_base,
+        part=part,
+        runtime_base=plan.runtime_base if part == "model" else None,
         name=plan.name,
         version=plan.version,
         tag=plan.tag,
         base_image=plan.base.image,
-        deps_packages=plan.base.packages("deps"),
-        final_packages=plan.base.packages("final"),
-        link_check=link_check_command(plan.provider) if plan.link_check else None,
+        system_packages=plan.base.packages(),
+        link_check=link_check_command(plan.provider) if plan.link_check == "image" else None,
+        host_check=plan.link_check == "host",
         port=plan.port,
         labels=planning.labels(plan, ort_version),
     )
 
 
-def runtime_dockerfile(provider: Provider, base: BaseImage, link_check: bool = True, tag: str | None = None) -> str:
+def runtime_dockerfile(provider: Provider, base: BaseImage, link_check: str = "host", tag: str | None = None) -> str:
     """A provider's runtime base image. Depends only on the table and the templates, so the
     files in base-images/ are rendered from the same data as every model image."""
     return _render(
@@ -164,9 +166,9 @@ def runtime_dockerfile(provider: Provider, base: BaseImage, link_check: bool = T
         version=None,
         tag=tag,
         base_image=base.image,
-        deps_packages=base.packages("deps"),
-        final_packages=base.packages("final"),
-        link_check=link_check_command(provider) if link_check else None,
+        system_packages=base.packages(),
+        link_check=link_check_command(provider) if link_check == "image" else None,
+        host_check=link_check == "host",
         port=None,
         labels=runtime_labels(provider, base),
     )

@@ -16,11 +16,14 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from struct import error as struct_error
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -31,7 +34,6 @@ from gpux_pack.errors import WheelError
 _UV_MANYLINUX = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
 _LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 ARCHES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64", "linux/arm64/v8": "aarch64"}
-TOOLS = ("pip",)  # run from its wheel inside the build, never installed in the image
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,7 @@ class Pin:
 class Lock:
     target: Target
     requirements: tuple[str, ...]
-    pins: tuple[Pin, ...]  # what the image's venv gets
-    tools: tuple[Pin, ...]  # what the build runs (pip)
+    pins: tuple[Pin, ...]  # what the image's site-packages gets
 
     def version_of(self, dist: str) -> str | None:
         name = canonicalize_name(dist)
@@ -105,11 +106,10 @@ class Wheel:
 class Wheelhouse:
     lock: Lock
     wheels: tuple[Wheel, ...]
-    tools: tuple[Wheel, ...]
 
     @property
     def size_bytes(self) -> int:
-        return sum(w.path.stat().st_size for w in (*self.wheels, *self.tools))
+        return sum(w.path.stat().st_size for w in self.wheels)
 
     def lock_text(self) -> str:
         """requirements.lock for the build: one exact file hash per package."""
@@ -134,15 +134,14 @@ def cache_dir() -> Path:
 
 def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False) -> Lock:
     """Pinned, hashed versions for the target; cached by (requirements, target)."""
-    key_src = json.dumps([sorted(requirements), list(TOOLS), target.python, target.uv_platform])
+    key_src = json.dumps([sorted(requirements), target.python, target.uv_platform])
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     path = cache_dir() / "locks" / f"{key}.txt"
     if refresh or not path.is_file():
-        text = _uv_compile([*requirements, *TOOLS], target)
+        text = _uv_compile(list(requirements), target)
         _write_atomic(path, text)
     pins = _parse_compiled(path.read_text())
-    tools = tuple(p for p in pins if p.name in TOOLS)
-    return Lock(target, tuple(requirements), tuple(p for p in pins if p.name not in TOOLS), tools)
+    return Lock(target, tuple(requirements), tuple(pins))
 
 
 def _uv_compile(requirements: list[str], target: Target) -> str:
@@ -203,7 +202,7 @@ def fetch(lock: Lock, log=lambda msg: None) -> Wheelhouse:
     folder = cache_dir() / "wheels"
     folder.mkdir(parents=True, exist_ok=True)
     tags = lock.target.tags()
-    pins = (*lock.pins, *lock.tools)
+    pins = lock.pins
     found = _find(folder, pins, tags)
     missing = [p for p in pins if p not in found]
     if missing:
@@ -217,7 +216,6 @@ def fetch(lock: Lock, log=lambda msg: None) -> Wheelhouse:
     return Wheelhouse(
         lock,
         tuple(found[p] for p in lock.pins),
-        tuple(found[p] for p in lock.tools),
     )
 
 
@@ -310,3 +308,120 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# install: the image's site-packages, made on the host
+
+
+# What the runtime never imports, removed after installing (the link check proves the native
+# side: a shared library is removed only when nothing in the tree links it).
+TRIM_DIRS = ("bin", "onnxruntime/tools", "onnxruntime/transformers", "onnxruntime/quantization")
+TRIM_NAMES = ("tests", "__pycache__")
+UNLINKED = ("onnxruntime/capi/libonnxruntime.so.*",)  # the C API library: Python uses the pybind module
+INSTALL_FORMAT = "1"  # bump when the trimming or layout changes: a new cache key
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The locked packages installed for the image's Python and platform, on the host."""
+
+    lock: Lock
+    path: Path  # goes to the image's site-packages as it is
+    compiled: bool  # .pyc files included (only when the host's Python minor is the image's)
+    removed: tuple[str, ...]  # what trimming took out, relative to path
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def install(wheelhouse: Wheelhouse, log=lambda msg: None) -> Installed:
+    """`uv pip install --target` of exactly the locked wheels, for the image's Python and
+    platform (no interpreter of the target runs), trimmed and byte-compiled; cached by the
+    lock's digest, so a rebuild installs nothing."""
+    target = wheelhouse.lock.target
+    compiled = sys.version_info[:2] == tuple(int(p) for p in target.python.split("."))
+    key_src = "\n".join([INSTALL_FORMAT, target.describe(), str(compiled), wheelhouse.lock_text()])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
+    root = cache_dir() / "installs" / key
+    done = root / "installed.json"
+    if done.is_file():
+        record = json.loads(done.read_text())
+        return Installed(wheelhouse.lock, root / "site-packages", record["compiled"], tuple(record["removed"]))
+    log(f"installing {len(wheelhouse.wheels)} wheel(s) for {target.describe()} on the host")
+    tmp = root.with_name(f".{key}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    site = tmp / "site-packages"
+    _uv_install(wheelhouse, site)
+    removed = _trim(site)
+    if compiled:
+        _compile(site)
+    (tmp / "installed.json").write_text(json.dumps({"compiled": compiled, "removed": removed}))
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(tmp, root)
+    return Installed(wheelhouse.lock, root / "site-packages", compiled, tuple(removed))
+
+
+def _uv_install(wheelhouse: Wheelhouse, site: Path) -> None:
+    from uv import find_uv_bin
+
+    site.mkdir(parents=True)
+    req = site.parent / "requirements.lock"
+    # exact files by path, each with its hash: nothing is chosen here, the lock chose
+    req.write_text("".join(f"{w.path} --hash=sha256:{w.sha256}\n" for w in wheelhouse.wheels))
+    cmd = [
+        find_uv_bin(), "pip", "install", "--target", str(site), "--requirement", str(req),
+        "--python-version", wheelhouse.lock.target.python, "--python-platform", wheelhouse.lock.target.uv_platform,
+        "--no-index", "--no-deps", "--require-hashes", "--link-mode", "copy", "--no-compile-bytecode",
+        "--no-config", "--quiet",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise WheelError(f"installing the image's wheels failed: {_uv_reason(proc.stderr)}")
+    req.unlink()
+
+
+def _trim(site: Path) -> list[str]:
+    removed: list[str] = []
+    for rel in TRIM_DIRS:
+        if (site / rel).is_dir():
+            shutil.rmtree(site / rel)
+            removed.append(rel)
+    for path in sorted(site.rglob("*"), reverse=True):
+        if path.is_dir() and path.name in TRIM_NAMES:
+            shutil.rmtree(path)
+            removed.append(str(path.relative_to(site)))
+    removed += _unlinked_libraries(site)
+    return removed
+
+
+def _unlinked_libraries(site: Path) -> list[str]:
+    """Remove UNLINKED libraries that no shared object in the tree names in DT_NEEDED."""
+    from gpux_pack.runtime.linkcheck import ElfInfo
+
+    needed: set[str] = set()
+    for so in site.rglob("*.so*"):
+        if so.is_file():
+            try:
+                needed.update(ElfInfo(so).needed)
+            except (ValueError, OSError, struct_error):
+                continue
+    out = []
+    for pattern in UNLINKED:
+        for lib in site.glob(pattern):
+            if lib.name not in needed and not any(n.startswith(lib.name.split(".so")[0] + ".so") for n in needed):
+                lib.unlink()
+                out.append(str(lib.relative_to(site)))
+    return out
+
+
+def _compile(site: Path) -> None:
+    """Bytecode with hash-based invalidation: the same bytes on every host (a reproducible
+    layer) and no source stat at import in a read-only image."""
+    import compileall
+    import py_compile
+
+    ok = compileall.compile_dir(str(site), quiet=2, workers=0,
+                                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    del ok  # False when a package ships templates named .py: those simply stay uncompiled

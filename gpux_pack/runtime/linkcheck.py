@@ -1,7 +1,8 @@
 """Check that an execution provider's shared libraries resolve, as the dynamic loader will.
 
-Runs at build time (so a missing cuDNN fails `docker build` instead of silently falling back to
-CPU in production) and on demand in an image (`python -m gpux_runtime linkcheck`). It reads ELF
+Runs on the build host against the base image's exported root filesystem plus the packages
+installed for the image (`check_tree`: nothing runs in the image, so it works for a foreign
+architecture too), and on demand in an image (`python -m gpux_runtime linkcheck`). It reads ELF
 files itself: no ldd, and no dlopen, which would need the GPU driver the build host lacks.
 Libraries of the host's driver (libcuda.so.1, ...) are named and skipped: they arrive at
 `docker run`. Standard library only, so it also runs as a plain script.
@@ -10,22 +11,46 @@ Libraries of the host's driver (libcuda.so.1, ...) are named and skipped: they a
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import glob
+import mmap
 import os
+import re
+import stat
 import struct
 import sys
 from pathlib import Path
+from typing import Callable
 
 PT_LOAD, PT_DYNAMIC = 1, 2
-DT_NEEDED, DT_STRTAB, DT_RPATH, DT_RUNPATH = 1, 5, 15, 29
+DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_RPATH, DT_RUNPATH = 1, 5, 10, 15, 29
+MACHINES = {"x86_64": 62, "aarch64": 183}  # ELF e_machine
+TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
+MAX_LINKS = 40  # the kernel's limit on symlinks in one lookup
+
+
+def arch_of(machine: int) -> str:
+    return next((name for name, m in MACHINES.items() if m == machine), f"e_machine {machine}")
 
 
 class ElfInfo:
     """DT_NEEDED, RPATH and RUNPATH of a 64-bit little-endian ELF shared object."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, origin: str | None = None):
+        """origin: what $ORIGIN means (the file's folder as the image sees it; default: its
+        folder here). Mapped, not read: a CUDA library is hundreds of MB, its headers a few KB."""
         self.path = path
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < 64:
+                raise ValueError(f"{path} is not a 64-bit little-endian ELF file")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                try:
+                    self._parse(data, origin if origin is not None else str(path.parent))
+                except (struct.error, IndexError) as e:  # truncated: offsets past the end
+                    raise ValueError(f"{path} is not a readable ELF file ({e})") from None
+
+    def _parse(self, data: mmap.mmap, origin: str) -> None:
+        path = self.path
         if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
             raise ValueError(f"{path} is not a 64-bit little-endian ELF file")
         self.machine = struct.unpack_from("<H", data, 18)[0]
@@ -56,10 +81,11 @@ class ElfInfo:
             return
 
         def text(offset: int) -> str:
-            end = data.index(b"\0", base + offset)
+            end = data.find(b"\0", base + offset)
+            if end < 0:
+                raise ValueError(f"{path}: a dynamic string runs past the end of the file")
             return data[base + offset : end].decode()
 
-        origin = str(path.parent)
         for tag, value in entries:
             if tag == DT_NEEDED:
                 self.needed.append(text(value))
@@ -68,37 +94,179 @@ class ElfInfo:
                 (self.rpath if tag == DT_RPATH else self.runpath).extend(dirs)
 
 
-def system_dirs() -> list[str]:
-    """ld.so.conf (with its includes), then the loader's defaults."""
+class Tree:
+    """Where the image's paths are read. root None: this system (the check runs in the image).
+    Otherwise an image's root filesystem exported to the host, with host folders standing in
+    for parts of the image (overlays: "/opt/gpux/site-packages" -> the packages installed on the
+    host). Symlinks are followed the chroot way, never by the host: an absolute target starts
+    again at the root, and one that climbs above it, or loops, resolves to nothing."""
+
+    def __init__(self, root: Path | None = None, overlays: dict[str, Path] | None = None):
+        self.root = Path(root) if root is not None else None
+        self.overlays = sorted((("/" + p.strip("/"), Path(h)) for p, h in (overlays or {}).items()),
+                               key=lambda item: -len(item[0]))  # fmt: skip
+        # the folders above an overlay exist in the image (COPY makes them) whatever the root has
+        self.above = {"/" + "/".join(p.strip("/").split("/")[:i]) for p, _ in self.overlays
+                      for i in range(1, len(p.strip("/").split("/")))}  # fmt: skip
+
+    def host(self, path: str) -> Path:
+        """The host path of an image path with no symlink or '..' in it."""
+        if self.root is None:
+            return Path(path)
+        path = "/" + "/".join(c for c in path.split("/") if c and c != ".")
+        for prefix, target in self.overlays:
+            if path == prefix or path.startswith(prefix + "/"):
+                return target / path[len(prefix):].lstrip("/")
+        return self.root / path.lstrip("/")
+
+    def realpath(self, path: str) -> str | None:
+        """The image path with every symlink followed; None when it does not exist, loops, or
+        leads out of the root."""
+        if self.root is None:
+            try:
+                return str(Path(path).resolve(strict=True))
+            except (OSError, RuntimeError):
+                return None
+        todo = [c for c in path.split("/") if c][::-1]  # a stack: the next component last
+        done: list[str] = []
+        links = 0
+        while todo:
+            part = todo.pop()
+            if part == ".":
+                continue
+            if part == "..":
+                if not done:
+                    return None  # above the root
+                done.pop()
+                continue
+            here = "/" + "/".join([*done, part])
+            if here in self.above:
+                done.append(part)
+                continue
+            try:
+                mode = os.lstat(self.host(here)).st_mode
+            except OSError:
+                return None
+            if stat.S_ISLNK(mode):
+                links += 1
+                if links > MAX_LINKS:
+                    return None
+                target = os.readlink(self.host(here))
+                if target.startswith("/"):
+                    done = []
+                todo.extend(c for c in reversed(target.split("/")) if c)
+                continue
+            if todo and not stat.S_ISDIR(mode):
+                return None
+            done.append(part)
+        return "/" + "/".join(done)
+
+    def file(self, path: str) -> Path | None:
+        """The host path of the regular file an image path names, symlinks followed."""
+        if self.root is None:
+            return Path(path) if Path(path).is_file() else None
+        real = self.realpath(path)
+        host = self.host(real) if real is not None else None
+        return host if host is not None and host.is_file() and not host.is_symlink() else None
+
+    def is_dir(self, path: str) -> bool:
+        if self.root is None:
+            return os.path.isdir(path)
+        real = self.realpath(path)
+        return real is not None and (real in self.above or real == "/" or self.host(real).is_dir())
+
+    def resolve(self, path: Path) -> Path:
+        """A found library's real path, whose folder is its $ORIGIN."""
+        if self.root is None:
+            return path.resolve()
+        return Path(self.realpath(str(path)) or path)
+
+    def read_text(self, path: str) -> str | None:
+        host = self.file(path)
+        try:
+            return host.read_text(errors="replace") if host is not None else None
+        except OSError:
+            return None
+
+    def glob(self, pattern: str) -> list[str]:
+        """Image paths matching an absolute pattern, sorted."""
+        if self.root is None:
+            return sorted(glob.glob(pattern))
+        found = ["/"]
+        for part in (c for c in pattern.split("/") if c):
+            if not glob.has_magic(part):
+                found = [os.path.join(base, part) for base in found]
+                continue
+            matches = []
+            for base in found:
+                for name in sorted(self._names(base)):
+                    if fnmatch.fnmatchcase(name, part) and (part.startswith(".") or not name.startswith(".")):
+                        matches.append(os.path.join(base, name))
+            found = matches
+        return sorted(p for p in found if self.realpath(p) is not None)
+
+    def _names(self, folder: str) -> set[str]:
+        real = self.realpath(folder)
+        if real is None:
+            return set()
+        names = {p[len(real):].strip("/").split("/")[0] for p in (*self.above, *(o for o, _ in self.overlays))
+                 if p.startswith(real.rstrip("/") + "/")}  # fmt: skip
+        try:
+            names.update(os.listdir(self.host(real)))
+        except OSError:
+            pass
+        return names
+
+
+def system_dirs(tree: Tree | None = None, arch: str | None = None) -> list[str]:
+    """ld.so.conf (with its includes, read from the image's /etc), then the loader's defaults
+    for the image's architecture (default: this machine's)."""
+    tree = tree or Tree()
     dirs: list[str] = []
+    seen: set[str] = set()
 
     def read(conf: str) -> None:
-        try:
-            lines = Path(conf).read_text().splitlines()
-        except OSError:
+        if conf in seen:  # an include loop
             return
-        for line in lines:
+        seen.add(conf)
+        text = tree.read_text(conf)
+        for line in (text or "").splitlines():
             line = line.split("#", 1)[0].strip()
             if line.startswith("include "):
-                for inc in sorted(glob.glob(line.split(None, 1)[1])):
+                pattern = line.split(None, 1)[1].strip()
+                if not pattern.startswith("/"):  # ldconfig: relative to the including file
+                    pattern = os.path.join(os.path.dirname(conf), pattern)
+                for inc in tree.glob(pattern):
                     read(inc)
             elif line:
                 dirs.append(line)
 
     read("/etc/ld.so.conf")
-    machine = os.uname().machine
-    triplet = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(machine, "")
+    triplet = TRIPLETS.get(arch or os.uname().machine, "")
     dirs += [f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib64", "/usr/lib64", "/lib", "/usr/lib"]
     return dirs
 
 
 class Resolver:
-    def __init__(self, extra_dirs: list[str], skip: set[str]):
-        env = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-        self.env, self.extra, self.system, self.skip = env, extra_dirs, system_dirs(), skip
+    """tree: where the image's files are read (default: this system). env: the image's
+    LD_LIBRARY_PATH (default: this process's). arch: the image's, for the default folders."""
+
+    def __init__(self, extra_dirs: list[str], skip: set[str], tree: Tree | None = None,
+                 env: list[str] | None = None, arch: str | None = None):  # fmt: skip
+        if env is None:
+            env = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+        self.tree = tree or Tree()
+        self.env, self.extra, self.system, self.skip = env, extra_dirs, system_dirs(self.tree, arch), skip
         self.seen: dict[str, Path | None] = {}
         self.missing: list[tuple[str, str]] = []  # (soname, needed by)
         self.skipped: set[str] = set()
+
+    def elf(self, path: Path) -> ElfInfo:
+        """The ELF file at an image path; $ORIGIN is the folder the image sees."""
+        host = self.tree.file(str(path))
+        if host is None:
+            raise ValueError(f"{path} is not a file")
+        return ElfInfo(host) if self.tree.root is None else ElfInfo(host, origin=str(path.parent))
 
     def find(self, name: str, by: ElfInfo) -> Path | None:
         # glibc's order: RPATH (when there is no RUNPATH), LD_LIBRARY_PATH, RUNPATH, ld.so.cache,
@@ -106,16 +274,17 @@ class Resolver:
         order = ([] if by.runpath else by.rpath) + self.env + by.runpath + self.extra + self.system
         for d in order:
             candidate = Path(d) / name
-            if candidate.is_file():
+            host = self.tree.file(str(candidate))
+            if host is not None:
                 try:
-                    if ElfInfo(candidate).machine == by.machine:
+                    if ElfInfo(host).machine == by.machine:
                         return candidate
                 except ValueError:
                     continue
         return None
 
     def walk(self, path: Path) -> None:
-        info = ElfInfo(path)
+        info = self.elf(path)
         for name in info.needed:
             if name in self.skip:
                 self.skipped.add(name)
@@ -129,28 +298,74 @@ class Resolver:
             if found is None:
                 self.missing.append((name, path.name))
             else:
-                self.walk(found.resolve())
+                self.walk(self.tree.resolve(found))
 
 
 def check(
-    libs: list[str], dlopen: list[str], dirs: list[str], skip: list[str], provider: str, quiet: bool = False
+    libs: list[str], dlopen: list[str], dirs: list[str], skip: list[str], provider: str, quiet: bool = False,
+    root: Path | None = None, overlays: dict[str, Path] | None = None, site: str | None = None,
+    arch: str | None = None, ld_library_path: list[str] | None = None,
 ) -> list[str]:
-    """Problems found, as lines naming each missing library and who needs it."""
+    """Problems found, as lines naming each missing library and who needs it. root None: in
+    this system, with the onnxruntime this Python imports; else see check_tree."""
+    log = None if quiet else print
+    if root is not None:
+        if site is None or arch is None:
+            raise ValueError("a root needs the image's site-packages path and architecture")
+        return check_tree(provider, libs, dlopen, dirs, skip, root, overlays or {}, site, arch,
+                          ld_library_path or [], log)  # fmt: skip
     import onnxruntime  # the package must import before anything else matters
 
-    capi = Path(onnxruntime.__file__).parent / "capi"
-    site = Path(onnxruntime.__file__).parent.parent
-    extra = sorted({d for pattern in dirs for d in glob.glob(str(site / pattern)) if os.path.isdir(d)})
-    resolver = Resolver([str(capi), *extra], set(skip))
+    here = str(Path(onnxruntime.__file__).parent.parent)
+    return _check(Tree(), here, onnxruntime.__version__, libs, dlopen, dirs, skip, provider, None, None, log)
+
+
+def check_tree(
+    provider: str, libs: list[str], dlopen: list[str], dirs: list[str], driver: list[str], root: Path,
+    overlays: dict[str, Path], site: str, arch: str, ld_library_path: list[str] = (),  # type: ignore[assignment]
+    log: Callable[[str], None] | None = None,
+) -> list[str]:
+    """The link check on the build host: the image is `root` (its base's exported root
+    filesystem) with `overlays` (image path -> host folder) on top; `site` is the image path of
+    the site-packages holding onnxruntime (dirs are globs relative to it); arch the image's
+    (x86_64 | aarch64): every library must be built for it. ld_library_path: the image's
+    LD_LIBRARY_PATH. Nothing runs in the image. Empty: every library resolves."""
+    if arch not in MACHINES:
+        raise ValueError(f"unknown architecture {arch!r}: x86_64 or aarch64")
+    tree = Tree(root, overlays)
+    init = tree.read_text(f"{site}/onnxruntime/__init__.py")
+    if init is None:
+        return [f"onnxruntime is not installed in {site}"]
+    version = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", init, re.M)
+    return _check(tree, site, version.group(1) if version else "(unknown version)", libs, dlopen, dirs,
+                  driver, provider, arch, list(ld_library_path), log)  # fmt: skip
+
+
+def _check(
+    tree: Tree, site: str, version: str, libs: list[str], dlopen: list[str], dirs: list[str], skip: list[str],
+    provider: str, arch: str | None, env: list[str] | None, log: Callable[[str], None] | None,
+) -> list[str]:
+    capi = f"{site}/onnxruntime/capi"
+    extra = sorted({d for pattern in dirs for d in tree.glob(f"{site}/{pattern}") if tree.is_dir(d)})
+    resolver = Resolver([capi, *extra], set(skip), tree, env, arch)
     problems = []
+    holder = None
     for lib in libs:
-        path = capi / lib
-        if not path.is_file():
-            problems.append(f"{lib} is not in onnxruntime {onnxruntime.__version__}: this build has no {provider}")
+        path = Path(capi) / lib
+        if tree.file(str(path)) is None:
+            problems.append(f"{lib} is not in onnxruntime {version}: this build has no {provider}")
             continue
+        try:
+            info = resolver.elf(path)
+        except ValueError:
+            problems.append(f"{lib} in onnxruntime {version} is not a 64-bit little-endian ELF library")
+            continue
+        if arch is not None and info.machine != MACHINES[arch]:
+            problems.append(f"{lib} is built for {arch_of(info.machine)}, but the image is {arch}")
+            continue
+        holder = holder or info
         resolver.walk(path)
     for name in dlopen:  # opened by name at run time (cuDNN, TensorRT plugins)
-        holder = ElfInfo(capi / libs[0]) if libs and (capi / libs[0]).is_file() else None
         if holder is not None and resolver.find(name, holder) is None and name not in resolver.seen:
             resolver.missing.append((name, f"{provider} at run time"))
     reported: set[str] = set()
@@ -158,10 +373,16 @@ def check(
         if name not in reported:
             reported.add(name)
             problems.append(f"{name} (needed by {by}) is not in the image")
-    if not problems and not quiet:
+    if not problems and log is not None:
         skipped = f"; left to the host's driver: {', '.join(sorted(resolver.skipped))}" if resolver.skipped else ""
-        print(f"link check: {provider}: {len(resolver.seen)} libraries resolve{skipped}")
+        log(f"link check: {provider}: {len(resolver.seen)} libraries resolve{skipped}")
     return problems
+
+
+def failure(provider: str, problems: list[str], hint: str) -> str:
+    """The one line a failed check ends with (the build's error message)."""
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"link check failed: {provider} cannot load: {problems[0]}{more}; {hint}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,13 +393,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", action="append", default=[], help="site-packages glob of preloaded libraries")
     parser.add_argument("--driver", action="append", default=[], help="soname the host's driver provides")
     parser.add_argument("--hint", default="use a base image that provides it", help="what to do about a failure")
+    parser.add_argument("--root", type=Path, help="check an image's root filesystem exported here instead")
+    parser.add_argument("--overlay", action="append", default=[], metavar="IMAGE_PATH=HOST_DIR",
+                        help="with --root: a host folder standing in for an image path")  # fmt: skip
+    parser.add_argument("--site", help="with --root: the image path of the site-packages holding onnxruntime")
+    parser.add_argument("--arch", choices=sorted(MACHINES), help="with --root: the image's architecture")
+    parser.add_argument("--ld-library-path", default="", help="with --root: the image's LD_LIBRARY_PATH")
     args = parser.parse_args(argv)
-    problems = check(args.lib, args.dlopen, args.dir, args.driver, args.provider)
+    if args.root is not None and (args.site is None or args.arch is None):
+        parser.error("--root needs --site and --arch")
+    overlays = {}
+    for item in args.overlay:
+        image_path, sep, host_dir = item.partition("=")
+        if not sep or not image_path.startswith("/"):
+            parser.error(f"--overlay {item}: expected /image/path=HOST_DIR")
+        overlays[image_path] = Path(host_dir)
+    problems = check(args.lib, args.dlopen, args.dir, args.driver, args.provider, root=args.root,
+                     overlays=overlays, site=args.site, arch=args.arch,
+                     ld_library_path=[d for d in args.ld_library_path.split(":") if d])  # fmt: skip
     if problems:
         for line in problems:
             print(f"link check: {line}", file=sys.stderr)
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        print(f"link check failed: {args.provider} cannot load: {problems[0]}{more}; {args.hint}", file=sys.stderr)
+        print(failure(args.provider, problems, args.hint), file=sys.stderr)
         return 1
     return 0
 

@@ -2,43 +2,28 @@
 # iris-mlp 1.0.0 for the cpu execution provider (CPU).
 # Build: docker build -t iris-mlp:1.0.0-cpu .
 
-# Stage 1: the locked wheels go into a venv from the context, with no index: the build needs
-# no network for Python packages. pip runs from its own wheel and never enters the image.
-FROM python:3.11-slim AS deps
-COPY tools/ /tmp/tools/
-COPY wheels/ /tmp/wheels/
-RUN python3 -m venv --without-pip /opt/gpux/venv \
- && /opt/gpux/venv/bin/python /tmp/tools/pip.whl/pip install \
-      --no-index --find-links /tmp/wheels --require-hashes --only-binary :all: \
-      --no-cache-dir --disable-pip-version-check --no-warn-script-location \
-      --requirement /tmp/wheels/requirements.lock
-COPY runtime/ /opt/gpux/runtime/
-# compileall, then the link check: the provider's libraries must resolve here, or the build
-# fails naming the missing one (instead of a silent CPU fallback in production).
-RUN /opt/gpux/venv/bin/python -m compileall -q /opt/gpux/runtime \
- && /opt/gpux/venv/bin/python /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider CPUExecutionProvider --lib libonnxruntime_providers_shared.so
-
-# Stage 2: the venv and the runtime, then the model and its
-# config as the last layers, so a model change rebuilds only those.
+# The locked wheels were installed on the host for this image's Python and platform,
+# and the link check read this base image's files there: nothing runs in this build.
+# Each COPY is one layer of files placed from / (packages/opt/gpux/... -> /opt/gpux/...):
+# base -> installed packages -> runtime -> model -> gpux.json.
 FROM python:3.11-slim
-ENV PATH=/opt/gpux/venv/bin:$PATH \
-    PYTHONPATH=/opt/gpux/runtime \
+ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     GPUX_CONFIG=/opt/gpux/gpux.json \
     GPUX_CACHE_DIR=/tmp/gpux-cache
-COPY --from=deps /opt/gpux/venv /opt/gpux/venv
-COPY --from=deps /opt/gpux/runtime /opt/gpux/runtime
-COPY model/ /opt/gpux/model/
-COPY gpux.json /opt/gpux/gpux.json
+COPY packages/ /
+COPY runtime/ /
+COPY model/ /
+COPY config/ /
 USER 10001:10001
 WORKDIR /tmp
-EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime", "healthcheck"]
-ENTRYPOINT ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime"]
+  CMD ["python3", "-m", "gpux_runtime", "healthcheck"]
+ENTRYPOINT ["python3", "-m", "gpux_runtime"]
 CMD ["serve"]
+EXPOSE 8080
 LABEL org.opencontainers.image.title="iris-mlp" \
       org.opencontainers.image.version="1.0.0" \
       org.opencontainers.image.created="2026-01-01T00:00:00Z" \

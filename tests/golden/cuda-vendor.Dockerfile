@@ -2,37 +2,17 @@
 # iris-mlp 1.0.0 for the cuda execution provider (NVIDIA CUDA 13).
 # Build: docker build -t iris-mlp:1.0.0-cuda .
 
-# Stage 1: the locked wheels go into a venv from the context, with no index: the build needs
-# no network for Python packages. pip runs from its own wheel and never enters the image.
-FROM nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04 AS deps
-# The base image lacks these; its release pins their versions.
-# hadolint ignore=DL3008
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
- && rm -rf /var/lib/apt/lists/*
-COPY tools/ /tmp/tools/
-COPY wheels/ /tmp/wheels/
-RUN python3 -m venv --without-pip /opt/gpux/venv \
- && /opt/gpux/venv/bin/python /tmp/tools/pip.whl/pip install \
-      --no-index --find-links /tmp/wheels --require-hashes --only-binary :all: \
-      --no-cache-dir --disable-pip-version-check --no-warn-script-location \
-      --requirement /tmp/wheels/requirements.lock
-COPY runtime/ /opt/gpux/runtime/
-# compileall, then the link check: the provider's libraries must resolve here, or the build
-# fails naming the missing one (instead of a silent CPU fallback in production).
-RUN /opt/gpux/venv/bin/python -m compileall -q /opt/gpux/runtime \
- && /opt/gpux/venv/bin/python /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider CUDAExecutionProvider --lib libonnxruntime_providers_cuda.so --dlopen libcudnn.so.9 --dir 'nvidia/*/lib' --dir tensorrt_libs --driver libcuda.so.1 --driver libnvidia-ml.so.1 --driver libnvcuvid.so.1 --driver libnvidia-ptxjitcompiler.so.1 --hint 'take CUDA and cuDNN from NVIDIA'"'"'s wheels (pack.nvidia_libs: wheels) or use --base-image vendor'
-
-# Stage 2: the venv and the runtime, then the model and its
-# config as the last layers, so a model change rebuilds only those.
+# The locked wheels were installed on the host for this image's Python and platform; only the
+# apt step this base image needs runs in this build.
+# Each COPY is one layer of files placed from / (packages/opt/gpux/... -> /opt/gpux/...):
+# base -> installed packages -> runtime -> model -> gpux.json.
 FROM nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04
 # The base image lacks these; its release pins their versions.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 \
  && rm -rf /var/lib/apt/lists/*
-ENV PATH=/opt/gpux/venv/bin:$PATH \
-    PYTHONPATH=/opt/gpux/runtime \
+ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
@@ -40,17 +20,17 @@ ENV PATH=/opt/gpux/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     GPUX_CACHE_DIR=/tmp/gpux-cache
-COPY --from=deps /opt/gpux/venv /opt/gpux/venv
-COPY --from=deps /opt/gpux/runtime /opt/gpux/runtime
-COPY model/ /opt/gpux/model/
-COPY gpux.json /opt/gpux/gpux.json
+COPY packages/ /
+COPY runtime/ /
+COPY model/ /
+COPY config/ /
 USER 10001:10001
 WORKDIR /tmp
-EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime", "healthcheck"]
-ENTRYPOINT ["/opt/gpux/venv/bin/python", "-m", "gpux_runtime"]
+  CMD ["python3", "-m", "gpux_runtime", "healthcheck"]
+ENTRYPOINT ["python3", "-m", "gpux_runtime"]
 CMD ["serve"]
+EXPOSE 8080
 LABEL org.opencontainers.image.title="iris-mlp" \
       org.opencontainers.image.version="1.0.0" \
       org.opencontainers.image.created="2026-01-01T00:00:00Z" \

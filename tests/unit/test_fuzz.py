@@ -102,7 +102,6 @@ def fixed_lock():
         target=wheels.Target("3.11", "x86_64", (2, 36)),
         requirements=("onnxruntime==1.31.1", "numpy", "uvicorn"),
         pins=(pin("numpy", "2.3.4"), pin("onnxruntime", "1.31.1"), pin("uvicorn", "0.38.0")),
-        tools=(pin("pip", "25.3"),),
     )
 
 
@@ -111,14 +110,15 @@ def render_project(project: Path, override_base: bool = True) -> Rendered:
     --base-image (as the CLI calls do); without it pack.base_image reaches FROM."""
     from gpux_pack import context as contexts
     from gpux_pack import pipeline, providers, render
-    from gpux_pack.plan import Options, runtime_config
+    from gpux_pack.plan import Options, runtime_config, with_lock
     from gpux_pack.ui import Reporter
 
     loaded = pipeline.load(project)
     options = Options(base_image=BASE_IMAGE if override_base else None)
     plan = pipeline.plan_for(loaded, "cpu", "fuzz", options, None, Reporter(quiet=True), pull=False)
     lock = fixed_lock()
-    text = render.dockerfile(plan, lock)
+    plan = with_lock(plan, lock)
+    text = render.dockerfile(plan, "image")
     ort = lock.version_of("onnxruntime")
     config = runtime_config(plan, providers.session_providers(plan.provider, loaded.project.config), ort)
     context = contexts.assemble(plan, None, text, config)  # writes gpux.json as build/render do
@@ -1304,12 +1304,14 @@ def external_locations(model: Path) -> set[str]:
 
 def context_problems(r: Rendered) -> list[Problem]:
     """The build context carries the model and every external data file it names."""
+    from gpux_pack.context import MODEL
+
     names = set(r.context_files)
     problems = []
-    if f"model/{r.model_path.name}" not in names:
+    if f"{MODEL}/{r.model_path.name}" not in names:
         problems.append(Problem("context", "the model file is not in the build context", r.model_path.name))
     for location in sorted(external_locations(r.model_path)):
-        if f"model/{location}" not in names and f"model/{os.path.normpath(location)}" not in names:
+        if f"{MODEL}/{location}" not in names and f"{MODEL}/{os.path.normpath(location)}" not in names:
             problems.append(Problem("context", "an external data file is not in the build context",
                                     f"{location!r}; context has {sorted(n for n in names if n.startswith('model/'))}"))
     return problems

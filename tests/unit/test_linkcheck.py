@@ -1,7 +1,11 @@
 """The link check on real ELF files: libraries compiled here, and onnxruntime's own."""
 
+import os
 import shutil
+import struct
 import subprocess
+
+from pathlib import Path
 
 import onnxruntime
 import pytest
@@ -62,3 +66,63 @@ def test_command_line(capsys):
     assert linkcheck.main(["--provider", "X", "--lib", "libonnxruntime_providers_shared.so", "--dlopen", "libnope.so.1"]) == 1
     err = capsys.readouterr().err
     assert "link check failed: X cannot load: libnope.so.1 (needed by X at run time) is not in the image; use a base" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# on the build host: an image's root filesystem, with host folders standing in for image paths
+
+
+def test_origin_is_the_folder_the_image_sees(libs, tmp_path):
+    """$ORIGIN of a library found through an overlay is its image folder, resolved in the tree."""
+    root = tmp_path / "root"
+    root.mkdir()
+    tree = linkcheck.Tree(root, {"/opt/x/lib": libs})
+    resolver = Resolver([], {"libc.so.6"}, tree, env=[], arch="x86_64")
+    resolver.walk(Path("/opt/x/lib/libb.so"))
+    assert resolver.missing == [] and resolver.seen["liba.so"] == Path("/opt/x/lib/liba.so")
+    assert tree.file("/opt/x/lib/liba.so") == libs / "liba.so"
+    assert tree.is_dir("/opt") and tree.is_dir("/opt/x") and tree.glob("/opt/*/lib") == ["/opt/x/lib"]
+    (root / "usr/lib").mkdir(parents=True)
+    os.symlink("/opt/x/lib/liba.so", root / "usr/lib/liba.so")  # absolute: into the overlay, not the host
+    assert tree.file("/usr/lib/liba.so") == libs / "liba.so"
+
+
+def test_check_with_a_root(libs, tmp_path, capsys):
+    site = tmp_path / "site"
+    (site / "onnxruntime/capi").mkdir(parents=True)
+    (site / "onnxruntime/__init__.py").write_text('__version__ = "1.31.1"\n')
+    shutil.copy(libs / "libb.so", site / "onnxruntime/capi/libb.so")
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    kw = dict(root=root, overlays={"/opt/site": site, "/opt/a": libs}, site="/opt/site", arch=os.uname().machine)
+    assert linkcheck.check(["libb.so"], [], [], ["libc.so.6"], "X", quiet=True, **kw) == [
+        "liba.so (needed by libb.so) is not in the image"
+    ]  # its RPATH $ORIGIN is /opt/site/onnxruntime/capi in the image: liba.so is not there
+    (root / "etc/ld.so.conf").write_text("/opt/a\n")
+    assert linkcheck.check(["libb.so"], ["liba.so"], [], ["libc.so.6"], "X", **kw) == []
+    assert capsys.readouterr().out == "link check: X: 1 libraries resolve\n"
+    assert linkcheck.check(["libnope.so"], [], [], [], "X", **kw) == [
+        "libnope.so is not in onnxruntime 1.31.1: this build has no X"
+    ]
+    with pytest.raises(ValueError):
+        linkcheck.check(["libb.so"], [], [], [], "X", root=root)
+    assert linkcheck.check_tree("X", ["libb.so"], [], [], [], root, {}, "/opt/site", "x86_64") == [
+        "onnxruntime is not installed in /opt/site"
+    ]
+
+
+def test_failure_line():
+    assert linkcheck.failure("P", ["a (needed by b) is not in the image"], "do x") == (
+        "link check failed: P cannot load: a (needed by b) is not in the image; do x"
+    )
+    assert linkcheck.failure("P", ["one", "two", "three"], "do x") == "link check failed: P cannot load: one (and 2 more); do x"
+
+
+def test_elf_files_that_are_not_libraries(tmp_path):
+    header = bytearray(b"\x7fELF\x02\x01" + b"\0" * 58)
+    struct.pack_into("<Q", header, 32, 4096)  # program headers past the end: a truncated file
+    struct.pack_into("<HH", header, 54, 56, 1)
+    for data in (b"", b"#!/bin/sh\n" * 20, bytes(header)):
+        (tmp_path / "f").write_bytes(data)
+        with pytest.raises(ValueError):
+            ElfInfo(tmp_path / "f")

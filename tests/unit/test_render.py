@@ -14,9 +14,9 @@ from gpux_pack import context as contexts
 from gpux_pack import providers, render
 from gpux_pack import pipeline
 from gpux_pack.pipeline import load
-from gpux_pack.plan import Options
+from gpux_pack.plan import Options, with_lock
 from gpux_pack.ui import Reporter
-from gpux_pack.wheels import Lock, Pin, Target, Wheel, Wheelhouse
+from gpux_pack.wheels import Installed, Lock, Pin, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -38,14 +38,15 @@ def plan_for(provider: str, pack: str = "", tmp: Path | None = None, **options):
         config.write_text(config.read_text() + "pack:\n" + pack)
         project = tmp / "mlp"
     loaded = load(project)
-    return pipeline.plan_for(loaded, provider, "test", Options(**options), None, Reporter(quiet=True), pull=False)
+    plan = pipeline.plan_for(loaded, provider, "test", Options(**options), None, Reporter(quiet=True), pull=False)
+    return with_lock(plan, lock_for(plan))
 
 
 def lock_for(plan) -> Lock:
     """A lock as resolve() returns it, without touching the network."""
     ort = plan.provider.ort
     pins = (Pin(ort, plan.provider.version, frozenset({"0" * 64})), Pin("numpy", "2.4.6", frozenset({"1" * 64})))
-    return Lock(plan.target, plan.requirements, pins, (Pin("pip", "26.3", frozenset({"2" * 64})),))
+    return Lock(plan.target, plan.requirements, pins)
 
 
 def hadolint(text: str) -> subprocess.CompletedProcess:
@@ -76,12 +77,27 @@ def test_model_images_match_golden_files_and_pass_hadolint(variant, tmp_path, mo
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
     provider, options, pack = VARIANTS[variant]
     plan = plan_for(provider, pack, tmp_path, **options)
-    text = render.dockerfile(plan, lock_for(plan))
+    text = render.dockerfile(plan, "image")  # what `render --output` writes
     assert_clean(text)
     check_golden(f"{variant}.Dockerfile", text)
-    assert f"FROM {plan.base.image} AS deps" in text
-    assert "--no-index" in text and "--require-hashes" in text
-    assert ("linkcheck.py" in text) == plan.link_check
+    assert text.count("\nFROM ") == 1 and f"\nFROM {plan.base.image}\n" in text  # one stage
+    copies = [line for line in text.splitlines() if line.startswith("COPY ")]
+    assert copies == ["COPY packages/ /", "COPY runtime/ /", "COPY model/ /", "COPY config/ /"]
+    runs = [line for line in text.splitlines() if line.startswith("RUN ")]
+    if plan.base.packages():  # apt where the base lacks python3 (vendor CUDA) or a system library
+        assert runs[0].startswith("RUN apt-get update") and ("linkcheck.py" in text) == (plan.link_check == "image")
+        assert (plan.link_check == "image") == bool(plan.base.system_packages)
+    else:  # builds that run nothing: the link check ran on the host
+        assert runs == [] and plan.link_check in ("host", "off")
+    allowed = {"FROM", "ENV", "COPY", "USER", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD", "LABEL", "RUN"}
+    instructions = {line.split()[0] for line in text.splitlines() if line and line[0].isupper()}
+    assert instructions <= allowed, instructions
+
+
+def test_cpu_openvino_and_tensorrt_run_nothing():
+    for provider in ("cpu", "openvino", "tensorrt"):
+        text = render.dockerfile(plan_for(provider), "image")
+        assert "\nRUN " not in text, provider
 
 
 @pytest.mark.parametrize("provider", list(providers.PROVIDERS))
@@ -89,21 +105,34 @@ def test_runtime_base_dockerfiles_are_current(provider):
     """base-images/<provider>.Dockerfile are rendered from the provider table (the same data
     and templates as every model image)."""
     prov = providers.get(provider)
-    text = render.runtime_dockerfile(prov, prov.bases["default"])
+    base = prov.bases["default"]
+    text = render.runtime_dockerfile(prov, base, "image" if base.system_packages else "host")
     assert_clean(text)
     path = ROOT / "base-images" / f"{provider}.Dockerfile"
     if UPDATE:
         path.write_text(text)
     assert path.is_file() and path.read_text() == text, f"{path.name} is stale: GPUX_UPDATE_GOLDEN=1"
-    assert "COPY model/" not in text and "EXPOSE" not in text
+    assert "COPY model/" not in text and "EXPOSE" not in text and "COPY packages/ /" in text
 
 
-def test_model_on_runtime_base_passes_hadolint():
+def test_model_on_runtime_base_sends_only_the_model():
     plan = plan_for("cpu")
-    text = render.dockerfile(plan, lock_for(plan), runtime_base="gpux-pack/runtime-cpu:1.31.1-0123456789ab")
+    text = render.dockerfile(plan, "model")
     assert_clean(text)
-    assert text.count("FROM ") == 1 and "FROM gpux-pack/runtime-cpu:1.31.1-0123456789ab" in text
-    assert "COPY model/ /opt/gpux/model/" in text and "COPY wheels/" not in text
+    assert plan.runtime_base.startswith("gpux-pack/runtime-cpu:1.31.1-")
+    assert text.count("FROM ") == 1 and f"FROM {plan.runtime_base}" in text
+    copies = [line for line in text.splitlines() if line.startswith("COPY ")]
+    assert copies == ["COPY model/ /", "COPY config/ /"] and "\nRUN " not in text
+    # entrypoint, user and healthcheck come from the runtime base image
+    assert "ENTRYPOINT" not in text and "EXPOSE 8080" in text and "LABEL " in text
+
+
+def test_runtime_base_tag_follows_what_goes_into_it():
+    plan = plan_for("cpu")
+    other = with_lock(plan, Lock(plan.target, plan.requirements, (Pin("onnxruntime", "1.31.1", frozenset({"0" * 64})),)))
+    assert other.runtime_base != plan.runtime_base  # numpy left the lock
+    assert with_lock(plan, lock_for(plan)).runtime_base == plan.runtime_base
+    assert plan_for("openvino").runtime_base.startswith("gpux-pack/runtime-openvino:")
 
 
 def test_hadolint_really_checks():
@@ -112,7 +141,7 @@ def test_hadolint_really_checks():
 
 def test_labels_are_escaped_and_complete():
     plan = plan_for("cpu", tag="x:{provider}")
-    text = render.dockerfile(plan, lock_for(plan))
+    text = render.dockerfile(plan, "image")
     for key in ("org.opencontainers.image.title", "org.opencontainers.image.created", "io.gpux.model.sha256",
                 "io.gpux.provider", "io.gpux.onnxruntime.version", "io.gpux.pack.version", "io.gpux.warmup"):
         assert f"{key}=" in text
@@ -120,20 +149,18 @@ def test_labels_are_escaped_and_complete():
     assert render._label('say "hi" $HOME \\ \n twice') == 'say \\"hi\\" \\$HOME \\\\ twice'
 
 
-def _wheelhouse(plan, tmp_path: Path) -> Wheelhouse:
-    lock = lock_for(plan)
-    files = []
-    for pin in (*lock.pins, *lock.tools):
-        path = tmp_path / f"{pin.name}-{pin.version}-py3-none-any.whl"
-        path.write_bytes(pin.name.encode())
-        files.append(Wheel(pin, path, next(iter(pin.hashes))))
-    return Wheelhouse(lock, tuple(files[:-1]), (files[-1],))
+def _installed(plan, tmp_path: Path) -> Installed:
+    site = tmp_path / "site-packages"
+    (site / "numpy").mkdir(parents=True)
+    (site / "numpy" / "__init__.py").write_text("")
+    (site / "numpy" / "_core.so").write_bytes(b"\x7fELF")
+    (site / "numpy" / "_core.so").chmod(0o755)
+    return Installed(lock_for(plan), site, True, ())
 
 
 def test_context_is_deterministic(tmp_path):
     plan = plan_for("cpu")
-    wh = _wheelhouse(plan, tmp_path)
-    ctx = contexts.assemble(plan, wh, "FROM x\n", {"a": 1})
+    ctx = contexts.assemble(plan, _installed(plan, tmp_path), "FROM x\n", {"a": 1})
     first, second = contexts.tar(ctx).read(), contexts.tar(ctx).read()
     assert first == second
     with tarfile.open(fileobj=io.BytesIO(first)) as t:
@@ -141,13 +168,19 @@ def test_context_is_deterministic(tmp_path):
     names = [m.name for m in members if m.isfile()]
     assert names == sorted(names)
     assert {m.mtime for m in members} == {contexts.MTIME} and {m.uid for m in members} == {0}
-    assert {"Dockerfile", "gpux.json", "wheels/requirements.lock", "model/model.onnx",
-            "runtime/gpux_runtime/server.py", "tools/pip.whl"} <= set(names)
+    site = "packages/opt/gpux/site-packages"
+    assert {"Dockerfile", "config/opt/gpux/gpux.json", f"{site}/numpy/__init__.py", "model/opt/gpux/model/model.onnx",
+            "runtime/opt/gpux/runtime/gpux_runtime/server.py"} <= set(names)
+    modes = {m.name: m.mode for m in members}
+    assert modes[f"{site}/numpy/_core.so"] == 0o755 and modes[f"{site}/numpy/__init__.py"] == 0o644
+    # every folder of a layer comes from the context, with fixed metadata (same diff ids everywhere)
+    assert {"packages", "packages/opt", "packages/opt/gpux", "model/opt/gpux/model"} <= {
+        m.name for m in members if m.isdir()}
 
 
 def test_write_refuses_foreign_folders(tmp_path):
     plan = plan_for("cpu")
-    ctx = contexts.assemble(plan, _wheelhouse(plan, tmp_path), "FROM x\n", {})
+    ctx = contexts.assemble(plan, _installed(plan, tmp_path), "FROM x\n", {})
     out = tmp_path / "out"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
@@ -158,7 +191,7 @@ def test_write_refuses_foreign_folders(tmp_path):
     contexts.write(ctx, fresh)
     contexts.write(ctx, fresh)  # an earlier render is replaced
     assert (fresh / "Dockerfile").read_text() == "FROM x\n"
-    assert (fresh / "model" / "model.onnx").stat().st_mtime == contexts.MTIME
+    assert (fresh / "model" / "opt" / "gpux" / "model" / "model.onnx").stat().st_mtime == contexts.MTIME
 
 
 def test_target_tags():
