@@ -128,7 +128,7 @@ PROVIDERS: dict[str, Provider] = {
             extras=("cuda", "cudnn"),
             python=("3.11", "3.14"),
             min_glibc=(2, 28),
-            platforms=("linux/amd64",),
+            platforms=("linux/amd64", "linux/arm64"),  # aarch64: manylinux_2_34 wheels (GH200, Jetson Thor)
             execution_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
             options={"CUDAExecutionProvider": _CUDA_OPTIONS},
             bases={
@@ -227,6 +227,7 @@ CUDA12: dict[str, dict[str, Any]] = {
         "title": "NVIDIA CUDA 12",
         "version": "1.26.0",
         "cuda": "12",
+        "platforms": ("linux/amd64",),  # 1.26.0 has no aarch64 wheel
         "bases": {
             "default": BaseImage("python:3.11-slim", "3.11", (2, 36)),
             "vendor": BaseImage("nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04", "3.12", _UBUNTU_2404,
