@@ -63,10 +63,10 @@ def build_context(
     tail: deque[str] = deque(maxlen=TAIL)
     step, total, cached, image_id = 0, 0, 0, None
     instruction = ""
-    fileobj = contexts.tar(ctx)
+    context = contexts.Stream(ctx)
     try:
         stream = client.api.build(
-            fileobj=fileobj,
+            fileobj=iter(context),
             custom_context=True,
             encoding=None,
             tag=tag,
@@ -104,8 +104,10 @@ def build_context(
     except Exception as e:  # the engine broke mid-stream (connection lost, daemon restarted)
         raise BuildError(f"the Docker engine failed during the build: {str(e).splitlines()[0][:300]}", instruction, list(tail)) from None
     finally:
-        fileobj.close()
+        context.close()
         ui.stop()
+    if context.error is not None:
+        raise BuildError(f"cannot send the build context: {context.error}", instruction, list(tail))
     if image_id is None:
         raise BuildError("the build ended without an image", instruction, list(tail))
     image = client.images.get(image_id)

@@ -14,6 +14,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -103,7 +104,47 @@ def _runtime_entries(installed: Installed) -> list[Entry]:
 def tar(ctx: Context) -> IO[bytes]:
     """The context as a tar in a temporary file (CUDA packages are too big for memory)."""
     out = tempfile.TemporaryFile()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+    _write_tar(ctx, out)
+    out.seek(0)
+    return out
+
+
+class Stream:
+    """The context's tar as chunks, written by a thread into a pipe while the engine reads it:
+    no temporary copy of a 2 GB CUDA context, and the tar is made while it is sent. `error`
+    holds what stopped the writer (a file that vanished), raised by the caller after the build."""
+
+    def __init__(self, ctx: Context, chunk: int = 1 << 20):
+        self._ctx, self._chunk = ctx, chunk
+        self.error: BaseException | None = None
+        read, write = os.pipe()
+        self._read = os.fdopen(read, "rb", buffering=0)
+        self._thread = threading.Thread(target=self._writer, args=(os.fdopen(write, "wb"),), daemon=True)
+        self._thread.start()
+
+    def _writer(self, out: IO[bytes]) -> None:
+        try:
+            with out:
+                _write_tar(self._ctx, out)
+        except BrokenPipeError:  # the reader stopped (the build failed or was interrupted)
+            pass
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self.error = e
+
+    def __iter__(self):
+        while True:
+            data = self._read.read(self._chunk)
+            if not data:
+                break
+            yield data
+
+    def close(self) -> None:
+        self._read.close()
+        self._thread.join(timeout=30)
+
+
+def _write_tar(ctx: Context, out: IO[bytes]) -> None:
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
         for name in ctx.dirs():
             info = _info(name, tarfile.DIRTYPE, 0o755)
             archive.addfile(info)
@@ -115,8 +156,6 @@ def tar(ctx: Context) -> IO[bytes]:
             else:
                 with open(entry.source, "rb") as f:  # type: ignore[arg-type]
                     archive.addfile(info, f)
-    out.seek(0)
-    return out
 
 
 def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:

@@ -17,8 +17,6 @@ ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     GPUX_CACHE_DIR=/tmp/gpux-cache
 COPY packages/ /
 COPY runtime/ /
-COPY model/ /
-COPY config/ /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
@@ -26,6 +24,8 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
 ENTRYPOINT ["python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 EXPOSE 8080
+COPY model/ /
+COPY config/ /
 LABEL org.opencontainers.image.title="iris-mlp" \
       org.opencontainers.image.version="1.0.0" \
       org.opencontainers.image.created="2026-01-01T00:00:00Z" \

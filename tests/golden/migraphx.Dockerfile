@@ -23,8 +23,6 @@ COPY runtime/ /
 # The link check, here because the host cannot see what apt installs: the provider's libraries
 # must resolve, or the build fails naming the missing one (not a silent CPU fallback).
 RUN python3 /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider MIGraphXExecutionProvider --lib libonnxruntime_providers_migraphx.so --hint 'use a ROCm 7.2 base image with the migraphx package'
-COPY model/ /
-COPY config/ /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
@@ -32,6 +30,8 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
 ENTRYPOINT ["python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 EXPOSE 8080
+COPY model/ /
+COPY config/ /
 LABEL org.opencontainers.image.title="iris-mlp" \
       org.opencontainers.image.version="1.0.0" \
       org.opencontainers.image.created="2026-01-01T00:00:00Z" \
