@@ -6,15 +6,19 @@ only when everything succeeded, so earlier images under the same tag stay intact
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpux_pack import assemble
 from gpux_pack import context as contexts
+from gpux_pack import plan as planning
 from gpux_pack.engine import ROLE_LABEL, remove_container
 from gpux_pack.errors import BuildError, DockerError, PackError
+from gpux_pack.layers import Unsupported
 from gpux_pack.plan import APP_DIR, Plan
 from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
@@ -33,6 +37,112 @@ class BuiltImage:
     seconds: float
     steps: int
     cached_steps: int
+    assembled: bool = False  # made on the host and loaded (no builder); steps are then 0
+
+
+ASSEMBLED = "gpux-pack (assembled, nothing ran): "  # how an assembled image's history lines begin
+
+# ---------------------------------------------------------------------------------------------
+# assembled images: nothing runs (see assemble.py); the builder where the Dockerfile has a RUN,
+# or where this engine writes layer tars differently
+
+
+def make_runtime(client: Any, runtime: Any, ui: Reporter, no_cache: bool = False,
+                 platform: str | None = None) -> BuiltImage:
+    """A provider's runtime base image (runtime: pipeline.PreparedRuntime)."""
+    title = f"building the runtime base image {runtime.tag} ({runtime.context.size_bytes / 1e6:.0f} MB context)"
+    uname = assemble.engine_uname(client) if runtime.assemblable else None
+    if uname is not None:
+        try:
+            return _assemble_runtime(client, runtime, ui, uname)
+        except Unsupported as e:
+            ui.info(f"building with the engine's builder: {e}")
+    return build_context(client, runtime.context, runtime.tag, ui, no_cache, platform, title=title)
+
+
+def _assemble_runtime(client: Any, runtime: Any, ui: Reporter, uname: bytes) -> BuiltImage:
+    from gpux_pack.render import runtime_labels
+
+    started = time.perf_counter()
+    ctx = runtime.context
+    new = [assemble.layer(ctx, "packages", "COPY packages/ /", uname),
+           assemble.layer(ctx, "runtime", "COPY runtime/ /", uname)]  # fmt: skip
+    parent, history = _parent(client, runtime.base.image)
+    config = planning.image_config(runtime.provider)
+    image = assemble.Image(
+        tag=runtime.tag, parent=parent, parent_history=history, layers=new,
+        config=assemble.runtime_config(parent, config, runtime_labels(runtime.provider, runtime.base)),
+        history=_runtime_history(config, new), created=planning.created_now(),
+    )  # fmt: skip
+    ui.info(f"assembling the runtime base image {runtime.tag} ({sum(x.size for x in new) / 1e6:.0f} MB of layers; "
+            "nothing runs)")
+    image_id = assemble.load(client, [image])
+    return _built(client, runtime.tag, image_id, started)
+
+
+def _runtime_history(config: planning.ImageConfig, new: list[assemble.Layer]) -> list[tuple[str, bool]]:
+    """The image's history: the Dockerfile's instructions, marked as assembled (nothing ran)."""
+    lines = [
+        ("ENV " + " ".join(f"{k}={v}" for k, v in config.env), True),
+        *((layer.created_by, False) for layer in new),
+        (f"USER {config.user}", True), (f"WORKDIR {config.workdir}", True),
+        (f"HEALTHCHECK CMD {json.dumps(list(config.healthcheck))}", True),
+        (f"ENTRYPOINT {json.dumps(list(config.entrypoint))}", True), (f"CMD {json.dumps(list(config.cmd))}", True),
+        ("LABEL (the runtime base image's labels)", True),
+    ]  # fmt: skip
+    return [(f"{ASSEMBLED}{text}", empty) for text, empty in lines]
+
+
+def make_model(client: Any, prepared: Any, ui: Reporter, no_cache: bool = False, tag: bool = True) -> BuiltImage:
+    """A model image on its runtime base image (prepared: pipeline.Prepared); untagged when a
+    baked warmup will commit and tag it."""
+    plan: Plan = prepared.plan
+    uname = assemble.engine_uname(client)
+    if uname is not None:
+        try:
+            return _assemble_model(client, prepared, ui, uname, tag)
+        except Unsupported as e:
+            ui.info(f"building with the engine's builder: {e}")
+    return build_image(client, prepared.context, plan, ui, no_cache=no_cache, tag=tag)
+
+
+def _assemble_model(client: Any, prepared: Any, ui: Reporter, uname: bytes, tag: bool) -> BuiltImage:
+    started = time.perf_counter()
+    plan: Plan = prepared.plan
+    ctx = prepared.context
+    new = [assemble.layer(ctx, "model", "COPY model/ /", uname),
+           assemble.layer(ctx, "config", "COPY config/ /", uname)]  # fmt: skip
+    parent, history = _parent(client, plan.runtime_base)
+    ort = (plan.lock.version_of(plan.provider.ort) if plan.lock else None) or "unknown"
+    image = assemble.Image(
+        tag=plan.tag if tag else None, parent=parent, parent_history=history, layers=new,
+        config=assemble.model_config(parent, plan.port, planning.labels(plan, ort)),
+        history=[(f"{ASSEMBLED}{text}", empty) for text, empty in
+                 [(f"EXPOSE {plan.port}", True), *((layer.created_by, False) for layer in new),
+                  ("LABEL (the model image's labels)", True)]],
+        created=plan.created,
+    )  # fmt: skip
+    ui.info(f"assembling {plan.tag} ({plan.provider.name}, {sum(x.size for x in new) / 1e6:.1f} MB of layers; "
+            "nothing runs)")
+    image_id = assemble.load(client, [image])
+    return _built(client, plan.tag, image_id, started)
+
+
+def _parent(client: Any, ref: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    try:
+        return client.api.inspect_image(ref), client.api.history(ref)
+    except Exception as e:
+        raise DockerError(f"cannot inspect {ref}: {str(e).splitlines()[0][:300]}") from None
+
+
+def _built(client: Any, tag: str, image_id: str, started: float) -> BuiltImage:
+    size = client.images.get(image_id).attrs.get("Size", 0)
+    return BuiltImage(tag=tag, id=image_id, size_bytes=size, seconds=time.perf_counter() - started, steps=0,
+                      cached_steps=0, assembled=True)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine's builder
 
 
 def build_image(

@@ -113,12 +113,9 @@ def build(
             prepared = pipeline.prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
             plan = prepared.plan
             if prepared.runtime is not None:  # once per provider, base and lock; then only models
-                runtime = prepared.runtime
-                building.build_context(client, runtime.context, runtime.tag, ui, no_cache=no_cache,
-                                       platform=plan.platform, title=f"building the runtime base image {runtime.tag} "
-                                       f"({runtime.context.size_bytes / 1e6:.0f} MB context)")
+                building.make_runtime(client, prepared.runtime, ui, no_cache=no_cache, platform=plan.platform)
             baked = plan.warmup == "baked"
-            built = building.build_image(client, prepared.context, plan, ui, no_cache=no_cache, tag=not baked)
+            built = building.make_model(client, prepared, ui, no_cache=no_cache, tag=not baked)
             if baked:
                 built = building.bake_warmup(client, built, plan, ui, gpus=host_gpu and plan.provider.device == "nvidia")
             results.append((plan, prepared, built))
@@ -153,6 +150,7 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
                 "seconds": round(built.seconds, 2),
                 "steps": built.steps,
                 "cached_steps": built.cached_steps,
+                "assembled": built.assembled,
             }
         )
     failed = [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in failures]
@@ -161,10 +159,8 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
         return
     if len(rows) + len(failed) == 1 and rows:
         r = rows[0]
-        print(
-            f"built {r['tag']}  {r['id'][7:19]}  {r['size_bytes'] / 1e6:.0f} MB  {r['provider']}"
-            f"  {r['seconds']:.1f}s ({r['cached_steps']}/{r['steps']} steps cached)"
-        )
+        how = "assembled, nothing ran" if r["assembled"] else f"{r['cached_steps']}/{r['steps']} steps cached"
+        print(f"built {r['tag']}  {r['id'][7:19]}  {r['size_bytes'] / 1e6:.0f} MB  {r['provider']}  {r['seconds']:.1f}s ({how})")
         return
     from rich.table import Table
 
@@ -304,7 +300,7 @@ def base_build(
     _options(None, base_image, platform, None)
     client = engine.connect()
     prepared = _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_check, client, ui, refresh)
-    built = building.build_context(client, prepared.context, prepared.tag, ui, no_cache=no_cache, platform=platform)
+    built = building.make_runtime(client, prepared, ui, no_cache=no_cache, platform=platform)
     if json_out:
         print(json.dumps({"tag": built.tag, "id": built.id, "size_bytes": built.size_bytes,
                           "provider": prepared.provider.name, "seconds": round(built.seconds, 2)}, indent=2))

@@ -34,11 +34,19 @@ class PreparedRuntime:
     """A provider's runtime base image, ready to build: base -> installed packages -> runtime."""
 
     provider: providers.Provider
+    base: BaseImage
+    link_check: str
     tag: str
     lock: wheels.Lock
     installed: wheels.Installed
     dockerfile: str
     context: contexts.Context
+
+    @property
+    def assemblable(self) -> bool:
+        """Its Dockerfile runs nothing (no apt step, no link check in the image), so it can be
+        assembled on the host instead of built."""
+        return not self.base.packages() and self.link_check != "image"
 
 
 @dataclass(frozen=True)
@@ -208,7 +216,8 @@ def runtime_part(
 ) -> PreparedRuntime:
     installed = install(provider, base, link_check, lock, ui)
     dockerfile = render.runtime_dockerfile(provider, base, link_check, tag=tag)
-    return PreparedRuntime(provider, tag, lock, installed, dockerfile, contexts.assemble_runtime(installed, dockerfile))
+    return PreparedRuntime(provider, base, link_check, tag, lock, installed, dockerfile,
+                           contexts.assemble_runtime(installed, dockerfile))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,13 +19,43 @@ from gpux_pack.model import ModelInfo, Signature
 from gpux_pack.project import Project
 from gpux_pack.providers import BaseImage, Provider, base_for
 from gpux_pack.reference import parse_reference
-from gpux_pack.wheels import ARCHES, Lock, Target
+from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
 APP_DIR = "/opt/gpux"
 SITE = f"{APP_DIR}/site-packages"  # the packages installed on the host
 PYTHON = "python3"  # the base image's own interpreter, found on PATH
 USER = "10001:10001"  # numeric: works on any base, needs no useradd in the final stage
 DEFAULT_TAG = "{name}:{version}-{provider}"
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What a runtime base image sets besides its files: one source for the Dockerfile's ENV,
+    USER, WORKDIR, HEALTHCHECK, ENTRYPOINT and CMD and for the config of an assembled image."""
+
+    env: tuple[tuple[str, str], ...]
+    user: str = USER
+    workdir: str = "/tmp"
+    entrypoint: tuple[str, ...] = (PYTHON, "-m", "gpux_runtime")
+    cmd: tuple[str, ...] = ("serve",)
+    healthcheck: tuple[str, ...] = (PYTHON, "-m", "gpux_runtime", "healthcheck")
+    health_interval: int = 10  # seconds
+    health_timeout: int = 5
+    health_start: int = 60
+    health_retries: int = 3
+
+
+def image_config(provider: Provider) -> ImageConfig:
+    env = (
+        ("PYTHONPATH", f"{SITE}:{APP_DIR}/runtime"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("HOME", "/tmp"),
+        ("GPUX_CONFIG", f"{APP_DIR}/gpux.json"),
+        *provider.env,
+        ("GPUX_CACHE_DIR", "/tmp/gpux-cache"),
+    )
+    return ImageConfig(env=env)
 
 
 @dataclass(frozen=True)
@@ -161,12 +191,14 @@ def with_lock(plan: Plan, lock: Lock) -> Plan:
 
 def runtime_base_tag(provider: Provider, base: BaseImage, link_check: str, lock: Lock) -> str:
     """Content-addressed tag of a provider's runtime base image: a digest of everything that
-    makes it (base image, lock, link check, templates, runtime sources, gpux-pack version), so
+    makes it (base image, lock, install format, link check, templates, runtime sources, gpux-pack
+    version), so
     an existing image of that tag is the one this build would make."""
     from gpux_pack.render import templates_dir  # render imports plan
 
     h = hashlib.sha256()
-    parts = [__version__, provider.name, base.image, base.id, base.python, link_check, lock.target.describe()]
+    parts = [__version__, INSTALL_FORMAT, provider.name, base.image, base.id, base.python, link_check,
+             lock.target.describe()]
     parts += [f"{pin.name}=={pin.version}" for pin in lock.pins]
     h.update("\n".join(parts).encode())
     runtime = Path(__file__).resolve().parent / "runtime"
@@ -224,6 +256,10 @@ def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
         source = "--tag" if cli_tag else ("pack.tag" if cfg.pack.tag else "name/version")
         raise UsageError(f"{source}: {e}") from None
     return tag
+
+
+def created_now() -> str:
+    return _created()
 
 
 def _created() -> str:

@@ -19,6 +19,7 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = ("numpy>=1.26", "uvicorn>=0.30,<1")
 
 CACHE = "${GPUX_CACHE_DIR}"  # expanded by the runtime: the container's own cache dir
 NVIDIA_DRIVER = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvcuvid.so.1", "libnvidia-ptxjitcompiler.so.1")
+NVIDIA_ENV = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
 NVIDIA_WHEEL_LIBS = ("nvidia/*/lib", "tensorrt_libs")  # nvidia/cu13/lib, nvidia/cudnn/lib, ...
 
 
@@ -67,6 +68,7 @@ class Provider:
     run_flags: str = ""  # what `docker run` needs for the device
     cuda: str | None = None  # CUDA major version of this flavour
     link_hint: str = ""  # what to do when the link check fails
+    env: tuple[tuple[str, str], ...] = ()  # the image's environment for this provider
     template: str = ""
     # Newest ai.onnx / ai.onnx.ml opsets this onnxruntime release loads (it refuses newer ones):
     # measured by loading models of each opset with the CPU wheel of the same release.
@@ -142,6 +144,7 @@ PROVIDERS: dict[str, Provider] = {
             driver_libs=NVIDIA_DRIVER,
             device="nvidia",
             run_flags="--gpus all",
+            env=NVIDIA_ENV,
             cuda="13",
             link_hint="take CUDA and cuDNN from NVIDIA's wheels (pack.nvidia_libs: wheels) or use --base-image vendor",
         ),
@@ -163,6 +166,7 @@ PROVIDERS: dict[str, Provider] = {
             driver_libs=NVIDIA_DRIVER,
             device="nvidia",
             run_flags="--gpus all",
+            env=NVIDIA_ENV,
             cuda="13",
             link_hint="use NVIDIA's TensorRT container (nvcr.io/nvidia/tensorrt) as the base image",
         ),

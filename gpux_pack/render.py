@@ -76,6 +76,19 @@ def _label_lines(labels: dict[str, str]) -> str:
     return (_CONTINUATION + "      ").join(f'{key}="{_label(value)}"' for key, value in labels.items())
 
 
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_./:,=@+-]*", re.ASCII)
+
+
+def _env_lines(env: tuple[tuple[str, str], ...]) -> str:
+    """KEY=value pairs, one per continuation line. Values are gpux-pack's own constants; the
+    check makes sure none ever needs quoting."""
+    for key, value in env:
+        if not _ENV_KEY.fullmatch(key) or not _ENV_VALUE.fullmatch(value):
+            raise RenderError(f"ENV {ascii(key)}={ascii(value)} is not a plain variable")
+    return (_CONTINUATION + "    ").join(f"{key}={value}" for key, value in env)
+
+
 def _finalize(value: object) -> object:
     """Applied to every `{{ }}` output: nothing rendered may end a line, except label_lines'
     own continuations."""
@@ -99,6 +112,7 @@ def environment() -> jinja2.Environment:
     env.filters["comment"] = _comment
     env.filters["image_ref"] = _image_ref
     env.filters["label_lines"] = _label_lines
+    env.filters["env_lines"] = _env_lines
     return env
 
 
@@ -123,7 +137,7 @@ def _render(provider: Provider, **values: Any) -> str:
         site=planning.SITE,
         python=planning.PYTHON,
         app=planning.APP_DIR,
-        user=planning.USER,
+        image=planning.image_config(provider),
         **values,
     )
     lines = [line.rstrip() for line in text.split("\n")]  # "\n" only: str.splitlines splits on U+2028 too

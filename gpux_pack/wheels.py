@@ -318,8 +318,9 @@ def _write_atomic(path: Path, text: str) -> None:
 # side: a shared library is removed only when nothing in the tree links it).
 TRIM_DIRS = ("bin", "onnxruntime/tools", "onnxruntime/transformers", "onnxruntime/quantization")
 TRIM_NAMES = ("tests", "__pycache__")
+TRIM_FILES = (".lock",)  # uv's lock file of the --target folder
 UNLINKED = ("onnxruntime/capi/libonnxruntime.so.*",)  # the C API library: Python uses the pybind module
-INSTALL_FORMAT = "1"  # bump when the trimming or layout changes: a new cache key
+INSTALL_FORMAT = "2"  # bump when the trimming or layout changes: a new cache key
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,10 @@ def _trim(site: Path) -> list[str]:
     for rel in TRIM_DIRS:
         if (site / rel).is_dir():
             shutil.rmtree(site / rel)
+            removed.append(rel)
+    for rel in TRIM_FILES:
+        if (site / rel).is_file():
+            (site / rel).unlink()
             removed.append(rel)
     for path in sorted(site.rglob("*"), reverse=True):
         if path.is_dir() and path.name in TRIM_NAMES:

@@ -483,7 +483,7 @@ def _check(provider_name: str, root: Path, site: Path, log=None) -> list[str]:
 def test_host_link_check_names_cublas_for_the_cuda_wheel(debian_root, tmp_path):
     if HOST_ARCH != "x86_64":
         pytest.fail("the onnxruntime-gpu wheel is x86_64 only")
-    site = _site_from(_wheel("onnxruntime_gpu-1.31.1-*.whl", "onnxruntime-gpu==1.31.1"), tmp_path / "site")
+    site = _site_from(_wheel("onnxruntime_gpu-1.31.1-*x86_64.whl", "onnxruntime-gpu==1.31.1"), tmp_path / "site")
     started = time.monotonic()
     problems = _check("cuda", debian_root, site)
     assert time.monotonic() - started < 10
@@ -497,7 +497,7 @@ def test_host_link_check_names_cublas_for_the_cuda_wheel(debian_root, tmp_path):
 
 @pytest.mark.e2e
 def test_host_link_check_passes_for_the_cpu_wheel(debian_root, tmp_path):
-    site = _site_from(_wheel("onnxruntime-1.31.1-*.whl", "onnxruntime==1.31.1"), tmp_path / "site")
+    site = _site_from(_wheel("onnxruntime-1.31.1-*x86_64.whl", "onnxruntime==1.31.1"), tmp_path / "site")
     lines = []
     assert _check("cpu", debian_root, site, lines.append) == []
     assert lines and lines[0].startswith("link check: CPUExecutionProvider: ") and "libraries resolve" in lines[0]

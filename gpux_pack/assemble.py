@@ -1,0 +1,273 @@
+"""Images assembled on the host and handed to the engine whole (`docker load`), as google/ko
+and Jib do: no builder, no container, no step runs. Layers are the context's layer folders
+written by `layers` (the same bytes, so the same diff ids, as `docker build` of `render
+--output`); the config is the parent's with the Dockerfile's ENV, USER, WORKDIR, HEALTHCHECK,
+ENTRYPOINT, CMD, EXPOSE and LABEL applied from the same plan values. Layers the engine already
+holds (the parent's) are named in the manifest but not sent: the engine skips every layer
+whose chain it has.
+
+Used where the Dockerfile has no RUN and the engine is known to write layer tars the way
+`layers` does (checked once per engine by building one tiny image both ways); otherwise the
+classic builder builds the same Dockerfile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tarfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterator
+
+from gpux_pack import context as contexts
+from gpux_pack import layers as tars
+from gpux_pack.errors import DockerError
+from gpux_pack.plan import ImageConfig
+from gpux_pack.reference import parse_reference
+from gpux_pack.wheels import cache_dir
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Layer:
+    folder: str  # the context's layer folder ("packages", "model", ...)
+    members: list[tars.Member]
+    diff_id: str
+    size: int
+    created_by: str  # its history line
+    uname: bytes  # the owner name this engine writes in layer tars
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image to load: a parent's config with changes and layers on top."""
+
+    tag: str | None  # None: untagged (a baked warmup commits and tags it)
+    parent: dict[str, Any]  # `docker image inspect` of the parent
+    parent_history: list[dict[str, Any]]  # `docker history` of the parent, newest first
+    layers: list[Layer]
+    config: dict[str, Any]  # the image config's "config" (Env, User, ...)
+    history: list[tuple[str, bool]]  # (created_by, empty_layer) in Dockerfile order
+    created: str
+
+    def config_json(self) -> bytes:
+        history = [
+            {k: v for k, v in {
+                "created": _iso(h.get("Created", 0)), "created_by": h.get("CreatedBy", ""),
+                "comment": h.get("Comment") or None, "empty_layer": (h.get("Size", 0) == 0) or None,
+            }.items() if v is not None}
+            for h in reversed(self.parent_history)
+        ]  # fmt: skip
+        history += [{"created": self.created, "created_by": by, **({"empty_layer": True} if empty else {})}
+                    for by, empty in self.history]  # fmt: skip
+        doc: dict[str, Any] = {
+            "architecture": self.parent.get("Architecture") or "amd64",
+            "os": self.parent.get("Os") or "linux",
+            "created": self.created,
+            "config": self.config,
+            "rootfs": {"type": "layers",
+                       "diff_ids": [*self.parent["RootFS"]["Layers"], *(layer.diff_id for layer in self.layers)]},
+            "history": history,
+        }  # fmt: skip
+        if self.parent.get("Variant"):
+            doc["variant"] = self.parent["Variant"]
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(value)
+
+
+def layer(ctx: contexts.Context, folder: str, created_by: str, uname: bytes) -> Layer:
+    """The context's layer folder as a layer: its folders and files, placed from /."""
+    prefix = folder + "/"
+    members = [tars.Member(d[len(prefix):], 0o755, contexts.MTIME) for d in ctx.dirs() if d.startswith(prefix)]
+    members += [tars.Member(e.name[len(prefix):], e.mode, contexts.MTIME, source=e.source, data=e.data)
+                for e in ctx.entries if e.name.startswith(prefix)]  # fmt: skip
+    members = tars.walk_order(members)
+    tars.check(members)
+    return Layer(folder, members, tars.digest(members, uname), tars.size_of(members), created_by, uname)
+
+
+def runtime_config(parent: dict[str, Any], image: ImageConfig, labels: dict[str, str]) -> dict[str, Any]:
+    """The parent's config with what the runtime part of the Dockerfile sets."""
+    config = dict(parent.get("Config") or {})
+    config.pop("Image", None)
+    env = [item for item in config.get("Env") or [] if item.split("=", 1)[0] not in {k for k, _ in image.env}]
+    config["Env"] = [*env, *(f"{k}={v}" for k, v in image.env)]
+    config["User"] = image.user
+    config["WorkingDir"] = image.workdir
+    config["Healthcheck"] = {
+        "Test": ["CMD", *image.healthcheck], "Interval": image.health_interval * NS,
+        "Timeout": image.health_timeout * NS, "StartPeriod": image.health_start * NS, "Retries": image.health_retries,
+    }  # fmt: skip
+    config["Entrypoint"] = list(image.entrypoint)
+    config["Cmd"] = list(image.cmd)
+    config["Labels"] = {**(config.get("Labels") or {}), **labels}
+    return config
+
+
+def model_config(parent: dict[str, Any], port: int | None, labels: dict[str, str]) -> dict[str, Any]:
+    config = dict(parent.get("Config") or {})
+    config.pop("Image", None)
+    if port:
+        config["ExposedPorts"] = {**(config.get("ExposedPorts") or {}), f"{port}/tcp": {}}
+    config["Labels"] = {**(config.get("Labels") or {}), **labels}
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# the archive `docker load` reads
+
+
+def archive(images: list[Image]) -> Iterator[bytes]:
+    """The docker-save archive of `images` as chunks. Parent layers are named but not
+    included: the engine has them."""
+
+    def chunks() -> Iterator[bytes]:
+        manifest = []
+        for image in images:
+            config = image.config_json()
+            config_name = hashlib.sha256(config).hexdigest() + ".json"
+            paths = [f"{d.split(':', 1)[1]}/layer.tar" for d in image.parent["RootFS"]["Layers"]]
+            for lay in image.layers:
+                path = f"{lay.diff_id.split(':', 1)[1]}/layer.tar"
+                paths.append(path)
+                yield _member_header(path, lay.size)
+                yield from tars.chunks(lay.members, lay.uname)
+                yield _padding(lay.size)
+            yield _member_header(config_name, len(config)) + config + _padding(len(config))
+            manifest.append({"Config": config_name, "RepoTags": [_repo_tag(image.tag)] if image.tag else None,
+                             "Layers": paths})  # fmt: skip
+        data = json.dumps(manifest).encode()
+        yield _member_header("manifest.json", len(data)) + data + _padding(len(data))
+        yield b"\0" * 1024
+
+    return chunks()
+
+
+def _member_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, contexts.MTIME
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def _padding(size: int) -> bytes:
+    return b"\0" * (-size % 512)
+
+
+def _repo_tag(tag: str) -> str:
+    repo, name = parse_reference(tag).repository_tag
+    return f"{repo}:{name}"
+
+
+def load(client: Any, images: list[Image]) -> str:
+    """Load the images; the id of the last one. Tags move only when the engine took it all."""
+    try:
+        out = client.api.load_image(archive(images), quiet=True)
+        text = ""
+        for event in out if not isinstance(out, (bytes, str)) else [out]:
+            if isinstance(event, dict):
+                if event.get("error") or event.get("errorDetail"):
+                    message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                    raise DockerError(f"the engine refused the assembled image: {message}")
+                text += event.get("stream", "")
+            else:
+                text += event.decode() if isinstance(event, bytes) else str(event)
+    except DockerError:
+        raise
+    except Exception as e:
+        raise DockerError(f"the engine refused the assembled image: {str(e).splitlines()[0][:300]}") from None
+    last = images[-1]
+    if last.tag:
+        return client.images.get(last.tag).id
+    ids = re.findall(r"Loaded image ID: (sha256:[0-9a-f]{64})", text)
+    if not ids:
+        raise DockerError("the engine loaded the assembled image but did not say its id")
+    return ids[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# does this engine write layer tars as `layers` does?
+
+_PROBE_DOCKERFILE = b"FROM scratch\nCOPY probe/ /\n"
+
+
+def probe_context() -> contexts.Context:
+    """Folders, an executable, a name long enough for the prefix split, names that sort
+    differently by path and by component ("a-b" and "a/b")."""
+    long_name = "probe/opt/gpux/" + "d" * 60 + "/" + "f" * 90 + ".py"
+    return contexts.Context(tuple(sorted([
+        contexts.Entry("Dockerfile", data=_PROBE_DOCKERFILE),
+        contexts.Entry("probe/opt/gpux/a.so", data=b"\x7fELF" + b"x" * 700, mode=0o755),
+        contexts.Entry("probe/opt/gpux/a/b.py", data=b""),
+        contexts.Entry("probe/opt/gpux/a-b.py", data=b"x = 1\n"),
+        contexts.Entry(long_name, data=b"print('gpux')\n"),
+    ], key=lambda e: e.name)))  # fmt: skip
+
+
+def engine_uname(client: Any) -> bytes | None:
+    """The owner name this engine writes in layer tars, when it writes them as `layers` does;
+    None when it does not (then the builder builds). Found by building one tiny image with the
+    engine's builder and comparing its layer's diff id with ours for the same files (a long
+    name included, for the prefix split): "root" up to Docker 20.10, "" later. Cached per
+    engine version."""
+    if os.environ.get("GPUX_PACK_ASSEMBLE") == "0":  # the builder, always (a check, or an odd engine)
+        return None
+    try:
+        info = client.version()
+        key = re.sub(r"[^A-Za-z0-9._-]", "_", f"{info.get('Version')}-{info.get('GitCommit')}")
+    except Exception:
+        return None
+    cached = cache_dir() / "engines" / f"{key}.json"
+    if cached.is_file():
+        try:
+            uname = json.loads(cached.read_text()).get("uname")
+            return None if uname is None else uname.encode()
+        except (OSError, ValueError, AttributeError):
+            pass
+    ctx = probe_context()
+    image_id = None
+    try:
+        with contexts.tar(ctx) as fileobj:
+            for event in client.api.build(fileobj=fileobj, custom_context=True, rm=True, forcerm=True, decode=True,
+                                          labels={"io.gpux.pack.role": "engine-check"}):  # fmt: skip
+                if "aux" in event and isinstance(event["aux"], dict):
+                    image_id = event["aux"].get("ID", image_id)
+                m = re.match(r"Successfully built ([0-9a-f]+)", (event.get("stream") or "").strip())
+                if m:
+                    image_id = image_id or m.group(1)
+                if "error" in event:
+                    return None
+        if image_id is None:
+            return None
+        diff_id = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
+    except Exception:
+        return None
+    finally:
+        if image_id is not None:
+            try:
+                client.images.remove(image_id, force=True)
+            except Exception:
+                pass
+    found = None
+    for uname in ("root", ""):
+        try:
+            if layer(ctx, "probe", "", uname.encode()).diff_id == diff_id:
+                found = uname
+                break
+        except tars.Unsupported:
+            break
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps({"uname": found, "checked": time.time()}))
+    except OSError:
+        pass
+    return None if found is None else found.encode()
