@@ -111,6 +111,9 @@ def test_image_is_slim_non_root_and_read_only(mlp_image, docker_client):
     )  # fmt: skip
     facts = json.loads(out)
     assert facts == {"uid": 10001, "present": [], "compilers": [], "pip_cache": False, "writable_root": False}
+    base = docker_client.images.get(image.attrs["Config"]["Labels"]["org.opencontainers.image.base.name"])
+    above = (image.attrs["Size"] - base.attrs["Size"]) / 1e6
+    assert above <= 100, f"the cpu image is {above:.1f} MB above its base"
 
 
 HTTP_ERRORS = [
