@@ -17,9 +17,11 @@ ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     GPUX_CONFIG=/opt/gpux/gpux.json \
-    GPUX_CACHE_DIR=/tmp/gpux-cache
+    GPUX_CACHE_DIR=/opt/gpux/cache
 COPY packages/ /
 COPY runtime/ /
+# GPUX_CACHE_DIR, an empty folder owned by the image's user: a volume mounted there is writable.
+ADD cache.tar /
 # The link check, here because the host cannot see what apt installs: the provider's libraries
 # must resolve, or the build fails naming the missing one (not a silent CPU fallback).
 RUN python3 /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider MIGraphXExecutionProvider --lib libonnxruntime_providers_migraphx.so --hint 'use a ROCm 7.2 base image with the migraphx package'

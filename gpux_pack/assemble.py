@@ -14,6 +14,7 @@ classic builder builds the same Dockerfile.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -91,6 +92,11 @@ def layer(ctx: contexts.Context, folder: str, created_by: str, uname: bytes) -> 
     members = [tars.Member(d[len(prefix):], 0o755, contexts.MTIME) for d in ctx.dirs() if d.startswith(prefix)]
     members += [tars.Member(e.name[len(prefix):], e.mode, contexts.MTIME, source=e.source, data=e.data)
                 for e in ctx.entries if e.name.startswith(prefix)]  # fmt: skip
+    return of_members(folder, members, created_by, uname)
+
+
+def of_members(folder: str, members: list[tars.Member], created_by: str, uname: bytes) -> Layer:
+    """A layer of these members (what ADD of a tar holding them commits)."""
     members = tars.walk_order(members)
     tars.check(members)
     return Layer(folder, members, tars.digest(members, uname), tars.size_of(members), created_by, uname)
@@ -197,7 +203,9 @@ def load(client: Any, images: list[Image]) -> str:
 # ---------------------------------------------------------------------------------------------
 # does this engine write layer tars as `layers` does?
 
-_PROBE_DOCKERFILE = b"FROM scratch\nCOPY probe/ /\n"
+_PROBE_DOCKERFILE = b"FROM scratch\nCOPY probe/ /\nADD owned.tar /\n"
+_PROBE_OWNED = [tars.Member("opt", 0o755, contexts.MTIME), tars.Member("opt/gpux", 0o755, contexts.MTIME),
+                tars.Member("opt/gpux/cache", 0o755, contexts.MTIME, uid=10001, gid=10001)]  # fmt: skip
 
 
 def probe_context() -> contexts.Context:
@@ -209,8 +217,15 @@ def probe_context() -> contexts.Context:
         contexts.Entry("probe/opt/gpux/a.so", data=b"\x7fELF" + b"x" * 700, mode=0o755),
         contexts.Entry("probe/opt/gpux/a/b.py", data=b""),
         contexts.Entry("probe/opt/gpux/a-b.py", data=b"x = 1\n"),
+        contexts.Entry("owned.tar", data=_owned_tar()),
         contexts.Entry(long_name, data=b"print('gpux')\n"),
     ], key=lambda e: e.name)))  # fmt: skip
+
+
+def _owned_tar() -> bytes:
+    out = io.BytesIO()
+    tars.write(out, _PROBE_OWNED, b"")
+    return out.getvalue()
 
 
 def engine_uname(client: Any) -> bytes | None:
@@ -226,7 +241,7 @@ def engine_uname(client: Any) -> bytes | None:
         key = re.sub(r"[^A-Za-z0-9._-]", "_", f"{info.get('Version')}-{info.get('GitCommit')}")
     except Exception:
         return None
-    cached = cache_dir() / "engines" / f"{key}.json"
+    cached = cache_dir() / "engines" / f"{key}-2.json"  # -2: the probe has an owned folder too
     if cached.is_file():
         try:
             uname = json.loads(cached.read_text()).get("uname")
@@ -248,7 +263,7 @@ def engine_uname(client: Any) -> bytes | None:
                     return None
         if image_id is None:
             return None
-        diff_id = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
+        diff_ids = client.images.get(image_id).attrs["RootFS"]["Layers"][-2:]
     except Exception:
         return None
     finally:
@@ -260,7 +275,9 @@ def engine_uname(client: Any) -> bytes | None:
     found = None
     for uname in ("root", ""):
         try:
-            if layer(ctx, "probe", "", uname.encode()).diff_id == diff_id:
+            ours = [layer(ctx, "probe", "", uname.encode()).diff_id,
+                    of_members("owned", list(_PROBE_OWNED), "", uname.encode()).diff_id]
+            if ours == diff_ids:
                 found = uname
                 break
         except tars.Unsupported:

@@ -19,14 +19,13 @@ from gpux_pack import plan as planning
 from gpux_pack.engine import ROLE_LABEL, remove_container
 from gpux_pack.errors import BuildError, DockerError, PackError
 from gpux_pack.layers import Unsupported
-from gpux_pack.plan import APP_DIR, Plan
+from gpux_pack.plan import Plan
 from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
 
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # the classic builder colours a step's stderr
 TAIL = 25
-WARMUP_TIMEOUT = 3600  # seconds: TensorRT engines of large models take minutes, not hours
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,8 @@ def _assemble_runtime(client: Any, runtime: Any, ui: Reporter, uname: bytes) -> 
     started = time.perf_counter()
     ctx = runtime.context
     new = [assemble.layer(ctx, "packages", "COPY packages/ /", uname),
-           assemble.layer(ctx, "runtime", "COPY runtime/ /", uname)]  # fmt: skip
+           assemble.layer(ctx, "runtime", "COPY runtime/ /", uname),
+           assemble.of_members("cache", contexts.cache_members(), "ADD cache.tar /", uname)]  # fmt: skip
     parent, history = _parent(client, runtime.base.image)
     config = planning.image_config(runtime.provider)
     image = assemble.Image(
@@ -244,63 +244,21 @@ def _failure(message: str, step: int, total: int, instruction: str, tail: list[s
 
 
 def bake_warmup(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: bool) -> BuiltImage:
-    """Run `warmup` in a container of the built image (with the GPU when the host has one) and
-    commit the result as the tagged image, keeping entrypoint, command, env and labels. On any
-    failure (Ctrl-C included) the container and the untagged built image are removed."""
+    """`--warmup always`: what `gpux-pack warmup` does, on the image just built (untagged), to
+    give the tag an image with its cache baked in. On any failure (Ctrl-C included) the
+    untagged built image is removed; the warmup container always is."""
+    from gpux_pack import warmup
+
+    started = time.perf_counter()
     try:
-        return _bake(client, built, plan, ui, gpus)
+        warmed = warmup.warm_image(client, built.id, ui, tag=plan.tag,
+                                   devices=warmup.Devices("all") if gpus else warmup.Devices())  # fmt: skip
     except BaseException:
         _remove_untagged(client, built.id)
         raise
-
-
-def _bake(client: Any, built: BuiltImage, plan: Plan, ui: Reporter, gpus: bool) -> BuiltImage:
-    import docker
-
-    started = time.perf_counter()
-    cache = f"{APP_DIR}/cache"
-    ui.info(f"warmup: running the model in a container{' with GPUs' if gpus else ''} to bake caches into {cache}")
-    kwargs: dict[str, Any] = {}
-    if gpus:
-        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    container = None
-    try:
-        container = client.containers.create(
-            built.id, command=["warmup"], environment={"GPUX_CACHE_DIR": cache}, user="0", network_disabled=True,
-            labels={ROLE_LABEL: "warmup"}, **kwargs,
-        )  # fmt: skip
-        container.start()
-        try:
-            result = container.wait(timeout=WARMUP_TIMEOUT)
-        except Exception as e:
-            raise BuildError(f"warmup did not finish within {WARMUP_TIMEOUT}s ({type(e).__name__})", "warmup") from None
-        logs = container.logs().decode("utf-8", "replace").splitlines()
-        if result.get("StatusCode") != 0:
-            raise BuildError(f"warmup failed in the container (exit {result.get('StatusCode')})", "warmup", logs[-TAIL:])
-        repo, tagname = parse_reference(plan.tag).repository_tag
-        changes = [
-            'CMD ["serve"]',
-            f"ENV GPUX_CACHE_DIR={cache}",
-            "LABEL io.gpux.warmup=baked",
-            f"USER {_user(client, built.id)}",
-        ]
-        image = container.commit(repository=repo, tag=tagname, changes=changes)
-    except PackError:
-        raise
-    except docker.errors.APIError as e:
-        raise DockerError(f"warmup: the Docker engine refused: {str(e).splitlines()[0][:300]}") from None
-    finally:
-        if container is not None:
-            remove_container(container)
-    image.reload()
-    return BuiltImage(
-        tag=plan.tag,
-        id=image.id,
-        size_bytes=image.attrs.get("Size", 0),
-        seconds=built.seconds + time.perf_counter() - started,
-        steps=built.steps,
-        cached_steps=built.cached_steps,
-    )
+    image = client.images.get(warmed.id)
+    return replace(built, tag=plan.tag, id=image.id, size_bytes=image.attrs.get("Size", 0),
+                   seconds=built.seconds + time.perf_counter() - started)
 
 
 def _remove_untagged(client: Any, image_id: str) -> None:
@@ -310,7 +268,3 @@ def _remove_untagged(client: Any, image_id: str) -> None:
             client.images.remove(image_id, noprune=False)
     except Exception:
         pass
-
-
-def _user(client: Any, image_id: str) -> str:
-    return client.images.get(image_id).attrs["Config"].get("User") or "10001:10001"

@@ -1,4 +1,4 @@
-"""`gpux-pack`: build, render, providers, inspect, schema. Errors are caught here, once.
+"""`gpux-pack`: build, warmup, render, providers, inspect, schema. Errors are caught here, once.
 
 Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 """
@@ -173,6 +173,55 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
     for f in failed:
         table.add_row(escape(f["provider"]), "", "", "", "", "", escape(f"failed: {f['error'][:100]}"))
     _console().print(table)
+
+
+@app.command("warmup")
+def warmup_cmd(
+    image: str = typer.Argument(..., help="An image built by gpux-pack (name:tag or id)."),
+    tag: Optional[str] = typer.Option(None, "--tag", "-t", help="The warmed image's tag ({short}: the key's short "
+                                      "name). Default: <tag>-warm-{short}."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPUs for the warmup container: all or a count "
+                                       "(default: the provider's, all for cuda/tensorrt)."),
+    device: list[str] = typer.Option([], "--device", help="A device for the warmup container (repeatable; "
+                                     "default for rocm/migraphx: /dev/kfd and /dev/dri)."),
+    export: Optional[Path] = typer.Option(None, "--export", help="Write the cache into DIR/<key>/ (mount DIR at "
+                                          "GPUX_CACHE_DIR) instead of making an image."),
+    timeout: int = typer.Option(3600, "--timeout", min=1, max=86400, help="Seconds the warmup may take."),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
+) -> None:
+    """Compile the image's provider caches on this machine (its accelerator) and bake them into
+    a derived image (+1 layer, same config, io.gpux.warmup=baked) or export them for a volume."""
+    from gpux_pack import warmup
+
+    if tag is not None:
+        from gpux_pack.reference import parse_reference
+
+        try:
+            parse_reference(tag.replace("{short}", "x"))
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--tag") from None
+    if tag is not None and export is not None:
+        raise typer.BadParameter("--tag makes an image, --export a folder: choose one", param_hint="--export")
+    ui = Reporter(quiet=quiet or json_out)
+    client = engine.connect()
+    labels = warmup._image(client, image).attrs["Config"].get("Labels") or {}
+    devices = warmup.devices_for(labels.get("io.gpux.provider", ""), gpus, device)
+    warmed = warmup.warm_image(client, image, ui, tag=tag, devices=devices, export=export, timeout=timeout)
+    state = warmed.state
+    summary = {
+        "image": image, "tag": warmed.tag, "id": warmed.id, "exported": str(warmed.exported) if warmed.exported else None,
+        "key": warmed.key, "short": warmed.short, "cache": state.get("cache"), "assembled": warmed.assembled,
+        "device": (warmed.record.get("parts") or {}).get("device"), "warmup_seconds": state.get("seconds"),
+        "partition": state.get("partition"), "accuracy": state.get("accuracy"), "seconds": round(warmed.seconds, 2),
+    }  # fmt: skip
+    if json_out:
+        print(json.dumps(summary, indent=2))
+    elif warmed.exported:
+        print(f"exported {warmed.exported}  key {warmed.key}  ({summary['device']})")
+    else:
+        print(f"warmed {warmed.tag}  {(warmed.id or '')[7:19]}  key {warmed.key}  "
+              f"({summary['device'] or 'already warm'})")  # fmt: skip
 
 
 @app.command()

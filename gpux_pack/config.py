@@ -288,11 +288,21 @@ class TensorRTProfile(_Section):
         return self
 
 
+class AccuracySection(_Section):
+    """Warmup compares the provider's answers with the CPU provider's on its inputs; beyond
+    |a - b| <= atol + rtol * |b| the warmup (and a build that bakes it) fails."""
+
+    atol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    rtol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+
+
 class TensorRTSection(_Section):
     fp16: bool = False
     int8: bool = False
     workspace: Memory | None = None
     profiles: dict[str, TensorRTProfile] = {}
+    ep_context: bool = Field(False, description="Also write an EP context model (engine embedded) into the cache, "
+                                                "so a later start skips TensorRT's builder")
 
 
 def _one_or_many(value: Any) -> Any:
@@ -329,6 +339,7 @@ class PackSection(_Section):
     requirements: list[str] = []
     warmup: Literal["auto", "always", "never"] = "auto"
     tensorrt: TensorRTSection = TensorRTSection()
+    accuracy: AccuracySection | None = None
     labels: dict[LabelKey, Text] = {}
     cuda: Annotated[Literal["12", "13"], BeforeValidator(_to_str)] = Field(
         "13", description="CUDA major version of the cuda/tensorrt images (ONNX Runtime <= 1.26 for 12)"

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import IO
 
 from gpux_pack.errors import PackError, UsageError
-from gpux_pack.plan import APP_DIR, SITE, Plan
+from gpux_pack import layers
+from gpux_pack.plan import APP_DIR, CACHE_DIR, SITE, USER, Plan
 from gpux_pack.wheels import Installed
 
 MTIME = 315532800  # 1980-01-01: fixed, and valid in every archive format
@@ -31,6 +32,7 @@ PACKAGES = "packages" + SITE
 RUNTIME = f"runtime{APP_DIR}/runtime/gpux_runtime"
 MODEL = f"model{APP_DIR}/model"
 CONFIG = f"config{APP_DIR}/gpux.json"
+CACHE_TAR = "cache.tar"  # GPUX_CACHE_DIR, an empty folder the image's user owns (ADD keeps owners)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,23 @@ def _runtime_entries(installed: Installed) -> list[Entry]:
             mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
             entries.append(Entry(f"{PACKAGES}/{path.relative_to(installed.path).as_posix()}", source=path, mode=mode))
     entries += [Entry(f"{RUNTIME}/{src.name}", source=src) for src in sorted(RUNTIME_SRC.glob("*.py"))]
+    entries.append(Entry(CACHE_TAR, data=cache_tar()))
     return entries
+
+
+def cache_members(owner: str = USER) -> list[layers.Member]:
+    """/opt/gpux/cache owned by the image's user, its parents as the COPY layers make them:
+    COPY cannot own a folder without also owning its parents, ADD of a tar can."""
+    uid, gid = (int(x) for x in owner.split(":"))
+    parts = CACHE_DIR.strip("/").split("/")
+    members = [layers.Member("/".join(parts[: i + 1]), 0o755, MTIME) for i in range(len(parts) - 1)]
+    return [*members, layers.Member(CACHE_DIR.strip("/"), 0o755, MTIME, uid=uid, gid=gid)]
+
+
+def cache_tar() -> bytes:
+    out = io.BytesIO()
+    layers.write(out, cache_members(), b"")
+    return out.getvalue()
 
 
 def tar(ctx: Context) -> IO[bytes]:

@@ -36,6 +36,8 @@ class Member:
     mtime: int
     source: Path | None = None  # a regular file's content; None for a folder ...
     data: bytes | None = None  # ... or the content itself
+    uid: int = 0  # 0: COPY without --chown; the image's user for a folder it owns (ADD of a tar)
+    gid: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -68,15 +70,17 @@ def header(member: Member, uname: bytes) -> bytes:
     h = bytearray(BLOCK)
     h[0 : len(short)] = short
     h[100:108] = _octal(type_bits | member.mode, 8)
-    h[108:116] = _octal(0, 8)  # uid and gid 0: COPY without --chown
-    h[116:124] = _octal(0, 8)
+    h[108:116] = _octal(member.uid, 8)
+    h[116:124] = _octal(member.gid, 8)
     h[124:136] = _octal(member.size, 12)
     h[136:148] = _octal(member.mtime, 12)
     h[148:156] = b" " * 8
     h[156:157] = kind
     h[257:265] = b"ustar\x0000"
-    h[265 : 265 + len(uname)] = uname
-    h[297 : 297 + len(uname)] = uname
+    if member.uid == 0:  # the engine names root as its Go version does; other ids it leaves unnamed
+        h[265 : 265 + len(uname)] = uname
+    if member.gid == 0:
+        h[297 : 297 + len(uname)] = uname
     h[329:337] = _octal(0, 8)
     h[337:345] = _octal(0, 8)
     h[345 : 345 + len(prefix)] = prefix

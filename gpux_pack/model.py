@@ -34,6 +34,7 @@ class ModelInfo:
     outputs: tuple[TensorSpec, ...]
     opsets: dict[str, int]  # domain -> version the model imports
     custom_ops: tuple[str, ...]  # "domain:Op" of nodes no onnxruntime build implements
+    nodes: int = 0  # in the main graph: the partition report's total
 
 
 def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
@@ -93,6 +94,7 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
         outputs=outputs,
         opsets=opsets,
         custom_ops=tuple(custom),
+        nodes=len(proto.graph.node),
     )
 
 

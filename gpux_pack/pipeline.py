@@ -16,7 +16,7 @@ from gpux_pack.errors import BuildError
 from gpux_pack.project import Project, load_project
 from gpux_pack.model import ModelInfo, Signature, inspect_model, reconcile
 from gpux_pack.plan import (SITE, Options, Plan, assumed_base, check_model_for, choose_base, link_check_mode,
-                            make_plan, runtime_base_tag, runtime_config, with_lock)
+                            make_plan, runtime_base_tag, runtime_config, tensorrt_profiles, with_lock)
 from gpux_pack.runtime import linkcheck
 from gpux_pack.providers import BaseImage
 from gpux_pack.ui import Reporter
@@ -162,7 +162,9 @@ def prepare(
     plan = locked(plan_for(loaded, provider_name, reason, options, client, ui, pull), ui, refresh)
     lock = plan.lock
     assert lock is not None
-    spec = runtime_config(plan, providers.session_providers(plan.provider, loaded.project.config),
+    cfg = loaded.project.config
+    profiles = tensorrt_profiles(cfg, plan.signature.inputs) if plan.provider.name == "tensorrt" else None
+    spec = runtime_config(plan, providers.session_providers(plan.provider, cfg, profiles),
                           lock.version_of(plan.provider.ort) or "unknown")
     if self_contained:
         installed = install(plan.provider, plan.base, plan.link_check, lock, ui)

@@ -23,6 +23,8 @@ from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
 APP_DIR = "/opt/gpux"
 SITE = f"{APP_DIR}/site-packages"  # the packages installed on the host
+CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by USER, so a volume mounted there is writable
+BAKED_DIR = f"{APP_DIR}/warm"  # caches `gpux-pack warmup` bakes in (the runtime's warm.BAKED_DIR)
 PYTHON = "python3"  # the base image's own interpreter, found on PATH
 USER = "10001:10001"  # numeric: works on any base, needs no useradd in the final stage
 DEFAULT_TAG = "{name}:{version}-{provider}"
@@ -53,7 +55,7 @@ def image_config(provider: Provider) -> ImageConfig:
         ("HOME", "/tmp"),
         ("GPUX_CONFIG", f"{APP_DIR}/gpux.json"),
         *provider.env,
-        ("GPUX_CACHE_DIR", "/tmp/gpux-cache"),
+        ("GPUX_CACHE_DIR", CACHE_DIR),
     )
     return ImageConfig(env=env)
 
@@ -301,12 +303,36 @@ def labels(plan: Plan, ort_version: str) -> dict[str, str]:
     return out
 
 
+TRT_MAX_BATCH = 32  # a derived profile's largest batch, unless the config's batch size is larger
+
+
+def tensorrt_profiles(cfg: Any, inputs: Any) -> dict[str, dict[str, list[int]]]:
+    """TensorRT optimization profiles (min/opt/max shape per input): pack.tensorrt.profiles,
+    else derived when every dynamic input's only dynamic dimension is its first (the batch):
+    min 1, opt the configured batch size (runtime.batch_size, serving.batch_size), max the
+    larger of that and 32; fixed dimensions as declared. Otherwise none: TensorRT then builds
+    an engine for each new shape it meets (set pack.tensorrt.profiles)."""
+    if cfg.pack.tensorrt.profiles:
+        return {name: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)}
+                for name, p in cfg.pack.tensorrt.profiles.items()}  # fmt: skip
+    opt = max(cfg.runtime.batch_size, cfg.serving.batch_size)
+    out: dict[str, dict[str, list[int]]] = {}
+    for t in inputs:
+        shape = list(t.shape or ())
+        dynamic = [i for i, d in enumerate(shape) if not (isinstance(d, int) and d > 0)]
+        if not dynamic:
+            continue
+        if dynamic != [0]:
+            return {}
+        rest = [int(d) for d in shape[1:]]
+        out[t.name] = {"min": [1, *rest], "opt": [opt, *rest], "max": [max(opt, TRT_MAX_BATCH), *rest]}
+    return out
+
+
 def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version: str) -> dict[str, Any]:
     """gpux.json: everything the image's runtime needs, so it never reads YAML."""
     cfg = plan.project.config
-    profiles = {
-        name: {"min": p.min, "opt": p.opt, "max": p.max} for name, p in cfg.pack.tensorrt.profiles.items()
-    }
+    profiles = tensorrt_profiles(cfg, plan.signature.inputs) if plan.provider.name == "tensorrt" else {}
     return {
         "format": 1,
         "name": cfg.name,
@@ -318,6 +344,7 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
             "sha256": plan.model.sha256,
             "size_bytes": plan.model.size_bytes,
             "opset": plan.model.opset,
+            "nodes": plan.model.nodes,
         },
         "inputs": [t.to_json() for t in plan.signature.inputs],
         # accepted on /predict and v2 infer, not listed: initializers the graph lists as inputs
@@ -336,6 +363,7 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
         "onnxruntime": ort_version,
         "warmup": plan.warmup,
         "warmup_profiles": profiles,
+        "accuracy": cfg.pack.accuracy.model_dump() if cfg.pack.accuracy else None,
         "runtime": {
             "timeout": cfg.runtime.timeout,
             "batch_size": cfg.runtime.batch_size,

@@ -366,10 +366,13 @@ def decide(
 # Session options the image's runtime passes to ONNX Runtime
 
 
-def session_providers(provider: Provider, config) -> list[list]:
+def session_providers(provider: Provider, config, profiles: dict[str, dict[str, list[int]]] | None = None) -> list[list]:
     """[[EP name, options], ...] for gpux.json: the table's defaults, then runtime.gpu and
-    pack.tensorrt. Values are strings, as ONNX Runtime parses them."""
+    pack.tensorrt (profiles: plan.tensorrt_profiles, else the config's). Values are strings,
+    as ONNX Runtime parses them."""
     gpu, trt = config.runtime.gpu, config.pack.tensorrt
+    if profiles is None:
+        profiles = {n: {"min": p.min, "opt": p.opt, "max": p.max} for n, p in trt.profiles.items()}
     out = []
     for ep in provider.execution_providers:
         opts = dict(provider.options.get(ep, {}))
@@ -382,10 +385,14 @@ def session_providers(provider: Provider, config) -> list[list]:
             opts["trt_int8_enable"] = _flag(trt.int8)
             if trt.workspace:
                 opts["trt_max_workspace_size"] = str(trt.workspace)
-            for point in ("min", "opt", "max") if trt.profiles else ():
+            for point in ("min", "opt", "max") if profiles else ():
                 opts[f"trt_profile_{point}_shapes"] = ",".join(
-                    f"{name}:{'x'.join(str(d) for d in getattr(p, point))}" for name, p in trt.profiles.items()
+                    f"{name}:{'x'.join(str(d) for d in p[point])}" for name, p in profiles.items()
                 )
+            if trt.ep_context:  # a later start loads the engine from this model, skipping the builder
+                opts["trt_dump_ep_context_model"] = "true"
+                opts["trt_ep_context_file_path"] = f"{CACHE}/tensorrt/model_ctx.onnx"
+                opts["trt_ep_context_embed_mode"] = "1"
         if "device_id" in opts:
             opts["device_id"] = str(config.pack.device_id)
         short = next((k for k, v in SHORT_NAMES.items() if v == ep), ep)

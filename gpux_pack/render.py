@@ -197,3 +197,9 @@ def runtime_labels(provider: Provider, base: BaseImage) -> dict[str, str]:
         "io.gpux.onnxruntime.version": provider.version,
         "io.gpux.pack.version": __version__,
     }
+
+
+def warm_dockerfile(image: str, labels: dict[str, str]) -> str:
+    """The Dockerfile of a warmed image, for the builder (see warmup.py)."""
+    return environment().get_template("warm.Dockerfile.j2").render(pack_version=__version__, image=image,
+                                                                   labels=labels)

@@ -81,16 +81,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _STATE["doing"] = "loading the model"
-        model = _interruptible(Model.load, settings)
+        warm_up = command == "warmup" or (command == "serve" and settings.spec.get("warmup") != "none")
+        model = _interruptible(Model.load, settings, warm_up)
         if command == "serve":
             from .server import serve
 
             return serve(model, settings.spec.get("pack_version", ""), handoff=_handoff)
         if command == "warmup":
             _STATE["doing"] = "warming up"
-            state = _interruptible(model.warmup)
-            print(json.dumps({"warmup": state, "execution_providers": model.active}))
-            return 0 if state["state"] == "done" else 1
+            state = _interruptible(model.warmup, True)
+            folder = str(model.cache.folder) if model.cache and model.cache.folder else None
+            print(json.dumps(to_json({"warmup": state, "execution_providers": model.active, "folder": folder})))
+            return 0
         if command == "info":
             model.warmup_state = {"state": "not run (info command)"}
             print(json.dumps(to_json(model.info()), indent=2))

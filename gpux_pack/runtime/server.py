@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable
 
-from .session import Model
+from .session import AccuracyError, Model
 from .tensors import RequestError, decode_predict, decode_v2, encode_predict, encode_v2, parse_json, to_json
 
 log = logging.getLogger("gpux")
@@ -32,6 +32,8 @@ class App:
         self.pool = ThreadPoolExecutor(max_workers=model.settings.max_workers, thread_name_prefix="infer")
         self.pack_version = pack_version
         self.outputs = {o.name: o for o in model.outputs}
+        self.server: Any = None  # uvicorn's, to stop it when warmup finds wrong answers
+        self.failed: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -39,13 +41,22 @@ class App:
         """Warm up off the event loop: health endpoints answer (503) meanwhile."""
         if self.model.spec.get("warmup") == "none":
             self.model.warmup_state = {"state": "skipped"}
+            self.model.publish_cache()
             self.ready.set()
             return
 
         def work() -> None:
-            self.model.warmup()
+            try:
+                self.model.warmup()
+            except AccuracyError as e:  # wrong answers are worse than none: stop, exit 1
+                log.error("gpux: %s", e)
+                self.failed = str(e)
+                if self.server is not None:
+                    self.server.should_exit = True
+                return
             self.ready.set()
-            log.info("ready: warmup %s", self.model.warmup_state)
+            state = self.model.warmup_state
+            log.info("ready: warmup %s, cache %s, %ss", state.get("state"), state.get("cache"), state.get("seconds"))
 
         threading.Thread(target=work, name="warmup", daemon=True).start()
 
@@ -227,7 +238,8 @@ def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] |
         loop="asyncio",
     )
     server = uvicorn.Server(config)
+    app.server = server
     if handoff is not None:
         handoff(server)
     server.run()
-    return 0 if server.started else 1
+    return 0 if server.started and app.failed is None else 1

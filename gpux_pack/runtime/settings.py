@@ -59,6 +59,7 @@ class Settings:
     max_body_bytes: int
     max_workers: int
     timeout: float
+    baked_dir: Path = Path("/opt/gpux/warm")  # caches baked into the image (warm.BAKED_DIR)
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -88,7 +89,7 @@ class Settings:
             host=host or serving.get("host", "0.0.0.0"),
             port=port or int(serving.get("port", 8080)),
             log_level=log_level or "info",
-            providers=[(n, _expand(o, cache_dir, env)) for n, o in providers],
+            providers=providers,
             require_provider=require_provider,
             cache_dir=cache_dir,
             max_body_bytes=max_body_bytes or 64 * 1024 * 1024,
@@ -222,20 +223,3 @@ def _read_config(env: dict[str, str]) -> tuple[Path, dict[str, Any]]:
     if missing or not isinstance(spec["model"], dict) or "path" not in spec["model"]:
         raise fail(f"not a gpux.json (it lacks {', '.join(missing) or 'model.path'})")
     return path, spec
-
-
-def _expand(options: dict[str, Any], cache_dir: Path, env: dict[str, str]) -> dict[str, Any]:
-    """`${GPUX_CACHE_DIR}` in provider options is the cache dir of this container."""
-    out = {}
-    for key, value in options.items():
-        if isinstance(value, str) and "${GPUX_CACHE_DIR}" in value:
-            value = value.replace("${GPUX_CACHE_DIR}", str(cache_dir))
-            try:
-                Path(value).mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                problem = f"cannot create {value}: {e.strerror or e}"
-                if env.get("GPUX_CACHE_DIR"):
-                    raise ConfigurationError("GPUX_CACHE_DIR", env["GPUX_CACHE_DIR"], problem) from None
-                raise StartupError(f"{problem} (set GPUX_CACHE_DIR to a writable folder)") from None
-        out[key] = value
-    return out

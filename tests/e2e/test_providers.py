@@ -47,7 +47,7 @@ def test_openvino_serves_like_cpu_and_caches_compiled_blobs(cpu_and_openvino):
             if provider == "openvino":
                 assert info["execution_providers"]["active"][0] == "OpenVINOExecutionProvider"
                 code, out = server.container.get_wrapped_container().exec_run(
-                    ["find", "/tmp/gpux-cache/openvino", "-name", "*.blob"])
+                    ["find", "/opt/gpux/cache", "-name", "*.blob"])
                 assert code == 0 and out.decode().strip().endswith(".blob"), out
     for name in ("logits", "probs"):
         np.testing.assert_allclose(answers["openvino"][name], answers["cpu"][name], atol=1e-4, rtol=0)

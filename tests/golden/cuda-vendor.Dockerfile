@@ -19,9 +19,11 @@ ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     GPUX_CONFIG=/opt/gpux/gpux.json \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    GPUX_CACHE_DIR=/tmp/gpux-cache
+    GPUX_CACHE_DIR=/opt/gpux/cache
 COPY packages/ /
 COPY runtime/ /
+# GPUX_CACHE_DIR, an empty folder owned by the image's user: a volume mounted there is writable.
+ADD cache.tar /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \

@@ -12,9 +12,11 @@ ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     GPUX_CONFIG=/opt/gpux/gpux.json \
-    GPUX_CACHE_DIR=/tmp/gpux-cache
+    GPUX_CACHE_DIR=/opt/gpux/cache
 COPY packages/ /
 COPY runtime/ /
+# GPUX_CACHE_DIR, an empty folder owned by the image's user: a volume mounted there is writable.
+ADD cache.tar /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \

@@ -81,17 +81,20 @@ def test_model_images_match_golden_files_and_pass_hadolint(variant, tmp_path, mo
     assert_clean(text)
     check_golden(f"{variant}.Dockerfile", text)
     assert text.count("\nFROM ") == 1 and f"\nFROM {plan.base.image}\n" in text  # one stage
-    copies = [line for line in text.splitlines() if line.startswith("COPY ")]
-    assert copies == ["COPY packages/ /", "COPY runtime/ /", "COPY model/ /", "COPY config/ /"]
+    copies = [line for line in text.splitlines() if line.startswith(("COPY ", "ADD "))]
+    assert copies == ["COPY packages/ /", "COPY runtime/ /", "ADD cache.tar /", "COPY model/ /", "COPY config/ /"]
     runs = [line for line in text.splitlines() if line.startswith("RUN ")]
     if plan.base.packages():  # apt where the base lacks python3 (vendor CUDA) or a system library
         assert runs[0].startswith("RUN apt-get update") and ("linkcheck.py" in text) == (plan.link_check == "image")
         assert (plan.link_check == "image") == bool(plan.base.system_packages)
     else:  # builds that run nothing: the link check ran on the host
         assert runs == [] and plan.link_check in ("host", "off")
-    allowed = {"FROM", "ENV", "COPY", "USER", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD", "LABEL", "RUN"}
+    # ADD only of the context's own tar (the one way to give a folder an owner reproducibly)
+    allowed = {"FROM", "ENV", "COPY", "ADD", "USER", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD", "LABEL",
+               "RUN"}  # fmt: skip
     instructions = {line.split()[0] for line in text.splitlines() if line and line[0].isupper()}
     assert instructions <= allowed, instructions
+    assert [line for line in text.splitlines() if line.startswith("ADD ")] == ["ADD cache.tar /"]
 
 
 def test_cpu_openvino_and_tensorrt_run_nothing():

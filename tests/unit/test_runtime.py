@@ -193,13 +193,6 @@ def test_provider_override_and_fallback(tmp_path, caplog):
         settings(folder, GPUX_PROVIDERS="tpu")
 
 
-def test_cache_dir_expands_into_provider_options(tmp_path):
-    s = settings(spec_dir(tmp_path, "mlp", provider="openvino"))
-    opts = dict(s.providers)["OpenVINOExecutionProvider"]
-    assert opts == {"device_type": "CPU", "cache_dir": str(tmp_path / "cache" / "openvino")}
-    assert (tmp_path / "cache" / "openvino").is_dir()
-
-
 def test_warmup_never_is_ready_at_once(tmp_path):
     app = App(Model.load(settings(spec_dir(tmp_path, "mlp", warmup="never"))))
     app.start_warmup()

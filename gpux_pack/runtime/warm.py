@@ -1,0 +1,398 @@
+"""Compiled-artefact caches (OpenVINO blobs, TensorRT engines and timing caches, MIGraphX
+programs), keyed by everything that makes them valid, and verified before use.
+
+A cache is one folder per key under a cache root, holding the provider's files and a
+`warmup.json` record (key parts, shapes warmed, seconds, every file with its size and sha256).
+At start the container computes its own key and looks for a folder of that key, first among
+the caches baked into the image (BAKED_DIR, read in place), then in GPUX_CACHE_DIR (a volume,
+shared by containers). A folder whose record names other key parts, or whose files do not
+match their sha256, is never loaded: one warning line says what differs, and the provider
+compiles into a fresh folder. Writers compile into a temporary folder and rename it into place
+once its record is written, so containers warming one volume at once never read a half-written
+file and all end with a valid folder.
+
+Standard library only (numpy and onnxruntime are imported by the callers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gpux")
+
+BAKED_DIR = "/opt/gpux/warm"  # caches baked into the image by `gpux-pack warmup` (read-only)
+FALLBACK_DIR = "/tmp/gpux-cache"  # when GPUX_CACHE_DIR cannot be written (read-only root, no volume)
+RECORD = "warmup.json"
+FORMAT = 1
+PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's cache folder
+
+# CPU features compiled code may depend on (x86 flags, aarch64 Features); the rest of
+# /proc/cpuinfo (bugs, power management) does not change what a compiler emits.
+ISA = {
+    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd",
+    "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
+    "asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "bf16", "i8mm", "sme",
+}  # fmt: skip
+# The distributions whose versions change what a provider compiles.
+LIBRARIES = re.compile(r"^(onnxruntime.*|openvino.*|tensorrt.*|nvidia-(cuda-runtime|cudnn|cublas).*)$")
+
+
+class CacheError(Exception):
+    """A cache folder that must not be used: the message says why, in one line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the key
+
+
+def key_parts(spec: dict[str, Any], provider: str, options: dict[str, Any], shapes: list[dict[str, list[int]]],
+              onnxruntime: str, device: str | None = None, libraries: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a compiled artefact depends on. Options are the provider's session options without
+    their cache paths (precision flags, profiles, workspace: everything that changes what is
+    compiled)."""
+    return {
+        "format": FORMAT,
+        "model_sha256": spec["model"].get("sha256", ""),
+        "provider": provider,
+        "onnxruntime": onnxruntime,
+        "libraries": libraries if libraries is not None else library_versions(),
+        "device": device if device is not None else device_of(provider),
+        "options": {k: str(v) for k, v in sorted(options.items()) if PLACEHOLDER not in str(v)},
+        "shapes": shapes,
+    }  # fmt: skip
+
+
+def digest(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:24]
+
+
+def short(parts: dict[str, Any]) -> str:
+    """A tag-friendly name of the key: the device's short name and 6 hex digits."""
+    device = str(parts.get("device", ""))
+    m = re.search(r"\bsm(\d+)\b", device)
+    if m:
+        name = f"sm{m.group(1)}"
+    else:
+        flags = device.rsplit("[", 1)[-1]
+        best = next((f for f in ("amx_int8", "avx512_vnni", "avx512f", "avx2", "sve2", "sve", "asimd") if f in flags),
+                    "cpu")  # fmt: skip
+        name = best.replace("_", "")
+    return f"{name}-{digest(parts)[:6]}"
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'device (recorded X, this container Y)' for each key part that differs."""
+    out = []
+    for name in sorted(set(recorded) | set(current)):
+        if recorded.get(name) != current.get(name):
+            out.append(f"{name} (recorded {_brief(recorded.get(name))}, this container {_brief(current.get(name))})")
+    return out
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def library_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower()
+        if LIBRARIES.match(name):
+            out[name] = dist.version
+    return dict(sorted(out.items()))
+
+
+def device_of(provider: str) -> str:
+    """The device a provider compiles for: the GPU (name and compute capability) for NVIDIA's
+    providers, else the CPU (model name and the ISA features compiled code may use)."""
+    if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+        return nvidia_device()
+    return cpu_device()
+
+
+def cpu_device() -> str:
+    model, flags = platform.machine(), set()
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name in ("model name", "cpu model") and model == platform.machine():
+            model = " ".join(value.split())
+        elif name in ("flags", "features") and not flags:
+            flags = set(value.split()) & ISA
+    return f"cpu: {model} [{' '.join(sorted(flags))}]"
+
+
+def nvidia_device(index: int = 0) -> str:
+    """'gpu: NVIDIA H200 sm90 (driver 13000)' through the driver API (libcuda.so.1, mounted by
+    the NVIDIA container toolkit); 'gpu: none (...)' without one."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "gpu: none (libcuda.so.1 not found)"
+    device, major, minor, version = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    name = ctypes.create_string_buffer(256)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(device), index) != 0:
+        return "gpu: none (no CUDA device)"
+    cuda.cuDeviceGetName(name, 256, device)
+    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)
+    cuda.cuDriverGetVersion(ctypes.byref(version))
+    return f"gpu: {name.value.decode(errors='replace')} sm{major.value}{minor.value} (driver {version.value})"
+
+
+# ---------------------------------------------------------------------------------------------
+# records and verification
+
+
+def files_of(folder: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != RECORD):
+        out.append({"path": path.relative_to(folder).as_posix(), "size": path.stat().st_size, "sha256": sha256(path)})
+    return out
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 20):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def read_record(folder: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((folder / RECORD).read_bytes())
+    except OSError as e:
+        raise CacheError(f"cannot read its {RECORD}: {e.strerror or e}") from None
+    except ValueError:
+        raise CacheError(f"its {RECORD} is not valid JSON") from None
+    if not isinstance(record, dict) or not isinstance(record.get("parts"), dict) or not isinstance(
+            record.get("files"), list):  # fmt: skip
+        raise CacheError(f"its {RECORD} is not a warmup record")
+    return record
+
+
+def verify(folder: Path, parts: dict[str, Any]) -> dict[str, Any]:
+    """The folder's record, when its key parts are this container's and every file is intact."""
+    record = read_record(folder)
+    differ = differences(record["parts"], parts)
+    if differ:
+        raise CacheError("key mismatch: " + "; ".join(differ))
+    for entry in record["files"]:
+        rel = str(entry.get("path", ""))
+        path = folder / rel
+        if not rel or rel.startswith("/") or ".." in rel.split("/"):
+            raise CacheError(f"its record names an unsafe path {rel!r}")
+        if not path.is_file():
+            raise CacheError(f"{rel} is missing")
+        if path.stat().st_size != entry.get("size") or sha256(path) != entry.get("sha256"):
+            raise CacheError(f"{rel} is corrupt (sha256 differs from the record)")
+    return record
+
+
+# ---------------------------------------------------------------------------------------------
+# choosing a cache at start, and publishing one after warmup
+
+
+@dataclass
+class Cache:
+    """Where this container's provider reads and writes its compiled artefacts."""
+
+    key: str
+    parts: dict[str, Any]
+    folder: Path | None  # the folder the provider options point at (None: the provider caches nothing)
+    source: str  # baked | volume | compiled | none
+    final: Path | None = None  # compiled: where `publish` renames folder to
+    record: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    refused: str | None = None  # baked | volume: a verified cache the provider itself would not load
+
+
+def choose(parts: dict[str, Any], cache_root: Path, baked_root: Path = Path(BAKED_DIR),
+           caches: bool = True) -> Cache:
+    """A verified baked cache, else a verified one in cache_root, else a fresh folder to
+    compile into (in cache_root when writable, else FALLBACK_DIR)."""
+    key = digest(parts)
+    if not caches:
+        return Cache(key, parts, None, "none")
+    warnings: list[str] = []
+    for root, source in ((baked_root, "baked"), (cache_root, "volume")):
+        folder = root / key
+        if (folder / RECORD).is_file():
+            try:
+                return Cache(key, parts, folder, source, record=verify(folder, parts), warnings=warnings)
+            except CacheError as e:
+                warnings.append(f"not using the {source} cache {folder}: {e}")
+    if not warnings and baked_root.is_dir():  # a cache baked for another device or version
+        for other in sorted(p for p in baked_root.iterdir() if (p / RECORD).is_file()):
+            try:
+                differ = differences(read_record(other)["parts"], parts)
+            except CacheError as e:
+                differ = [str(e)]
+            warnings.append(f"not using the baked cache {other}: key mismatch: {'; '.join(differ)}")
+            break
+    return fresh(parts, cache_root, warnings)
+
+
+def fresh(parts: dict[str, Any], cache_root: Path, warnings: list[str] | None = None) -> Cache:
+    """A new private folder to compile into, published under the key by `publish`."""
+    key = digest(parts)
+    root = writable_root(cache_root)
+    tmp = root / f".{key}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir(parents=True)
+    return Cache(key, parts, tmp, "compiled", final=root / key, warnings=warnings or [])
+
+
+def writable_root(cache_root: Path) -> Path:
+    try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        probe = cache_root / f".probe-{os.getpid()}-{secrets.token_hex(4)}"
+        probe.mkdir()
+        probe.rmdir()
+        return cache_root
+    except OSError as e:
+        log.info("GPUX_CACHE_DIR %s is not writable (%s); compiling into %s", cache_root, e.strerror or e,
+                 FALLBACK_DIR)  # fmt: skip
+        Path(FALLBACK_DIR).mkdir(parents=True, exist_ok=True)
+        return Path(FALLBACK_DIR)
+
+
+def publish(cache: Cache, extra: dict[str, Any]) -> dict[str, Any]:
+    """Write the record and rename the compiled folder into place. Another container that
+    published the same key first wins when its folder is valid (ours is dropped); a corrupt
+    one is replaced."""
+    assert cache.folder is not None and cache.final is not None
+    record = {"format": FORMAT, "key": cache.key, "parts": cache.parts, **extra, "files": files_of(cache.folder)}
+    staged = cache.folder / f".{RECORD}.tmp"
+    staged.write_text(json.dumps(record, indent=2, sort_keys=True))
+    staged.rename(cache.folder / RECORD)
+    for attempt in range(3):
+        try:
+            os.rename(cache.folder, cache.final)  # atomic; fails when the target exists and is not empty
+            cache.folder = cache.final
+            return record
+        except OSError:
+            if not cache.final.exists():
+                continue
+            try:
+                verify(cache.final, cache.parts)
+                shutil.rmtree(cache.folder, ignore_errors=True)
+                cache.folder = cache.final
+                return read_record(cache.final)
+            except CacheError:
+                aside = cache.final.with_name(f".{cache.key}.bad-{secrets.token_hex(4)}")
+                try:
+                    os.rename(cache.final, aside)
+                    shutil.rmtree(aside, ignore_errors=True)
+                except OSError:
+                    pass
+    raise CacheError(f"cannot publish the cache into {cache.final}")
+
+
+def expand(options: dict[str, Any], folder: Path | None) -> dict[str, Any]:
+    """Provider options with ${GPUX_CACHE_DIR} set to this container's cache folder (its
+    subfolders created: providers expect them)."""
+    out = {}
+    for name, value in options.items():
+        if isinstance(value, str) and PLACEHOLDER in value:
+            if folder is None:
+                continue
+            value = value.replace(PLACEHOLDER, str(folder))
+            if not name.endswith(("_file_path", "_file")):
+                Path(value).mkdir(parents=True, exist_ok=True)
+        out[name] = value
+    return out
+
+
+def uses_cache(options: dict[str, Any]) -> bool:
+    return any(isinstance(v, str) and PLACEHOLDER in v for v in options.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# partition and accuracy
+
+
+def partition(profile: list[dict[str, Any]], nodes: int | None) -> tuple[dict[str, int], list[str]]:
+    """Nodes per execution provider from ONNX Runtime's profile, and the op types left on CPU.
+    A provider that compiles subgraphs reports each as one fused node: it is credited with the
+    graph's nodes that did not run elsewhere (counts after ONNX Runtime's graph optimizations)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for event in profile:
+        args = event.get("args") or {}
+        if event.get("cat") == "Node" and args.get("provider"):
+            name = str(event.get("name", "")).removesuffix("_kernel_time")
+            seen[name] = (str(args["provider"]), str(args.get("op_name", "")))
+    counts: dict[str, int] = {}
+    fused: dict[str, int] = {}
+    cpu_ops: set[str] = set()
+    for provider, op in seen.values():
+        if "-EP-subgraph" in op or op.startswith("TRTKernel") or op.startswith("MIGraphX"):
+            fused[provider] = fused.get(provider, 0) + 1
+        else:
+            counts[provider] = counts.get(provider, 0) + 1
+        if provider == "CPUExecutionProvider":
+            cpu_ops.add(op)
+    for provider in fused:
+        rest = (nodes or 0) - sum(counts.values())
+        counts[provider] = counts.get(provider, 0) + max(rest, fused[provider])
+    return dict(sorted(counts.items())), sorted(cpu_ops)
+
+
+def accuracy(ours: dict[str, Any], reference: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per output: max abs error and max rel error (|a - b| / max(|b|, 1e-6)) against the CPU
+    provider's answer; non-numeric outputs count a mismatch as error 1."""
+    import numpy as np
+
+    out = {}
+    for name, ref in reference.items():
+        a, b = np.asarray(ours[name]), np.asarray(ref)
+        if a.shape != b.shape:
+            out[name] = {"max_abs": float("inf"), "max_rel": float("inf")}
+            continue
+        if a.dtype.kind in "fciub" and b.dtype.kind in "fciub" and a.size:
+            diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+            rel = diff / np.maximum(np.abs(b.astype(np.float64)), 1e-6)
+            out[name] = {"max_abs": float(diff.max()), "max_rel": float(rel.max())}
+        else:
+            same = bool(a.size == 0 or np.array_equal(a, b))
+            out[name] = {"max_abs": 0.0 if same else 1.0, "max_rel": 0.0 if same else 1.0}
+    return out
+
+
+def violation(errors: dict[str, dict[str, float]], ours: dict[str, Any], reference: dict[str, Any],
+              atol: float, rtol: float) -> str | None:
+    """The first output outside |a - b| <= atol + rtol * |b| (numpy.allclose's rule), named."""
+    import numpy as np
+
+    for name, ref in reference.items():
+        a, b = np.asarray(ours[name]), np.asarray(ref)
+        if a.shape != b.shape:
+            return f"output '{name}' has shape {list(a.shape)}, the CPU provider's {list(b.shape)}"
+        if a.dtype.kind in "fciub" and b.dtype.kind in "fciub":
+            bad = np.abs(a.astype(np.float64) - b.astype(np.float64)) > atol + rtol * np.abs(b.astype(np.float64))
+        else:
+            bad = np.asarray(a != b)
+        if bad.any():
+            e = errors[name]
+            return (f"output '{name}' differs from the CPU provider beyond pack.accuracy (atol {atol}, rtol {rtol}): "
+                    f"max abs error {e['max_abs']:.3g}, max rel error {e['max_rel']:.3g}")  # fmt: skip
+    return None

@@ -1,0 +1,227 @@
+"""The warmup step for images built where the accelerator is absent: `gpux-pack warmup` bakes a
+verified, keyed cache into a derived image or exports it for a volume; containers use a cache
+only when its key and sha256 hold, share one named volume, and report partition and accuracy.
+OpenVINO (CPU device) is the provider that compiles here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpux_pack.runtime import warm
+from tests.conftest import BASE_IMAGE, build_image, copy_example, run_cli, serve, wait_ready
+
+pytestmark = pytest.mark.e2e
+
+X = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]]
+
+
+@pytest.fixture(scope="module")
+def ov_never(docker_client, tags, tmp_path_factory):
+    """openvino, built with --warmup never, as a CI host without the accelerator would."""
+    return build_image(copy_example("mlp", tmp_path_factory.mktemp("never")), tags("warm:never"),
+                       "--provider", "openvino", "--warmup", "never")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cpu_answers(mlp_image):
+    with serve(mlp_image["tag"]) as server:
+        return server.post("/predict", json={"features": X}).json()
+
+
+def _logs(server) -> str:
+    return server.container.get_wrapped_container().logs().decode(errors="replace")
+
+
+def _answers_match(server, cpu_answers) -> None:
+    got = server.post("/predict", json={"features": X})
+    assert got.status_code == 200, got.text
+    for name in ("logits", "probs"):
+        np.testing.assert_allclose(got.json()[name], cpu_answers[name], atol=1e-4, rtol=0)
+
+
+def test_warmup_bakes_one_layer_with_the_same_config(ov_never, docker_client, tags, cpu_answers):
+    tag = tags("warm:baked")
+    proc = run_cli("warmup", ov_never["tag"], "--tag", tag, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["cache"] == "compiled" and summary["assembled"] is True and summary["tag"] == tag
+    parent, derived = docker_client.images.get(ov_never["tag"]), docker_client.images.get(tag)
+    assert derived.attrs["RootFS"]["Layers"][:-1] == parent.attrs["RootFS"]["Layers"]  # +1 layer, nothing else
+    before, after = parent.attrs["Config"], derived.attrs["Config"]
+    for field in ("Entrypoint", "Cmd", "Env", "User", "WorkingDir", "Healthcheck", "ExposedPorts"):
+        assert after[field] == before[field], field
+    labels = after["Labels"]
+    assert labels["io.gpux.warmup"] == "baked" and labels["io.gpux.warmup.key"] == summary["key"]
+    assert labels["io.gpux.warmup.key.provider"] == "OpenVINOExecutionProvider"
+    assert labels["io.gpux.warmup.key.device"].startswith("cpu: ")
+    assert {k: v for k, v in labels.items() if not k.startswith("io.gpux.warmup")} == \
+        {k: v for k, v in before["Labels"].items() if not k.startswith("io.gpux.warmup")}
+    with serve(tag, read_only=True, tmpfs={"/tmp": "rw"}) as server:
+        info = server.get("/info").json()["warmup"]
+        logs = _logs(server)
+        assert info["key"] == summary["key"] and info["mode"] == "baked", info
+        # the baked cache's key and every sha256 held; OpenVINO then loads it, or (onnxruntime-
+        # openvino 1.24.1 never re-imports its own blobs) refuses it and compiles into /tmp
+        assert "not using the baked cache" not in logs, logs[-2000:]
+        assert info["cache"] == "baked" or (
+            info["cache"] == "compiled" and "OpenVINOExecutionProvider cannot use the baked cache" in logs), logs[-2000:]
+        _answers_match(server, cpu_answers)
+        code, out = server.container.get_wrapped_container().exec_run(["find", "/opt/gpux/warm", "-type", "f"])
+        files = sorted(out.decode().split())
+        assert files == sorted([f"/opt/gpux/warm/{summary['key']}/warmup.json",
+                                *(f"/opt/gpux/warm/{summary['key']}/{f['path']}" for f in
+                                  json.loads(server.container.get_wrapped_container().exec_run(
+                                      ["cat", f"/opt/gpux/warm/{summary['key']}/warmup.json"]).output)["files"])])
+
+
+def test_the_engines_builder_adds_the_same_layer(ov_never, docker_client, tags, tmp_path, monkeypatch):
+    """One exported cache, made into an image both ways: assembled, and by `docker build`."""
+    from gpux_pack import warmup
+    from gpux_pack.ui import Reporter
+
+    proc = run_cli("warmup", ov_never["tag"], "--export", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    key = json.loads(proc.stdout)["key"]
+    record = warm.read_record(tmp_path / key)
+    image = docker_client.images.get(ov_never["tag"])
+    ids = {}
+    for assemble, tag in (("1", tags("warm:assembled")), ("0", tags("warm:builder"))):
+        monkeypatch.setenv("GPUX_PACK_ASSEMBLE", assemble)
+        ids[assemble] = warmup._derive(docker_client, image, tmp_path / key, key, record, tag, Reporter(quiet=True))
+    assert ids["1"][1] is True and ids["0"][1] is False
+    a, b = (docker_client.images.get(ids[k][0]) for k in ("1", "0"))
+    assert a.attrs["RootFS"]["Layers"] == b.attrs["RootFS"]["Layers"]
+    assert a.attrs["Config"]["Labels"] == b.attrs["Config"]["Labels"]
+
+
+def test_default_tag_and_export(ov_never, docker_client, tmp_path):
+    proc = run_cli("warmup", ov_never["tag"], "--export", str(tmp_path / "cache"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    folder = Path(summary["exported"])
+    assert folder == tmp_path / "cache" / summary["key"] and summary["tag"] is None
+    record = warm.read_record(folder)
+    assert record["parts"]["provider"] == "OpenVINOExecutionProvider" and record["shapes"] == [{"features": [1, 4]}]
+    assert record["files"] and all(warm.sha256(folder / f["path"]) == f["sha256"] for f in record["files"])
+    proc = run_cli("warmup", ov_never["tag"], "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tag = json.loads(proc.stdout)["tag"]
+    try:
+        assert tag == f"{ov_never['tag']}-warm-{summary['short']}"
+    finally:
+        docker_client.images.remove(tag, force=True)
+    assert run_cli("warmup", "no-such/image:1").returncode == 2
+    bad = run_cli("warmup", ov_never["tag"], "--gpus", "many")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("expected all or a number of GPUs")
+
+
+def _shared(path: Path) -> None:
+    """Let the image's user write a folder made here (a bind mount keeps host owners)."""
+    for folder, dirs, files in os.walk(path):
+        os.chmod(folder, 0o777)
+        for f in files:
+            os.chmod(os.path.join(folder, f), 0o666)
+
+
+def test_a_mismatched_or_corrupt_cache_is_never_loaded(ov_never, tmp_path, cpu_answers):
+    cache = tmp_path / "cache"
+    proc = run_cli("warmup", ov_never["tag"], "--export", str(cache), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = Path(json.loads(proc.stdout)["exported"])
+    pristine = tmp_path / "pristine"
+    shutil.copytree(folder, pristine)
+    record = json.loads((folder / "warmup.json").read_text())
+    record["parts"]["device"] = "cpu: Some Other CPU [avx2]"  # as if warmed on another machine
+    (folder / "warmup.json").write_text(json.dumps(record))
+    _shared(cache)
+    volume = [(str(cache), "/opt/gpux/cache", "rw")]
+    with serve(ov_never["tag"], volumes=volume, read_only=True, tmpfs={"/tmp": "rw"}) as server:
+        warnings = [line for line in _logs(server).splitlines() if "not using the" in line]
+        assert len(warnings) == 1, warnings
+        assert "key mismatch: device (recorded 'cpu: Some Other CPU [avx2]', this container 'cpu: " in warnings[0]
+        assert server.get("/info").json()["warmup"]["cache"] == "compiled"
+        _answers_match(server, cpu_answers)
+    warm.verify(folder, warm.read_record(pristine)["parts"])  # replaced by a valid folder
+    blob = next(folder.rglob("*.blob"))
+    blob.write_bytes(b"\0" + blob.read_bytes()[1:])
+    with serve(ov_never["tag"], volumes=volume, read_only=True, tmpfs={"/tmp": "rw"}) as server:
+        warnings = [line for line in _logs(server).splitlines() if "not using the" in line]
+        assert len(warnings) == 1 and "is corrupt (sha256 differs from the record)" in warnings[0], warnings
+        assert server.get("/info").json()["warmup"]["cache"] == "compiled"
+        _answers_match(server, cpu_answers)
+
+
+@pytest.fixture
+def volume(docker_client):
+    made = []
+
+    def make():
+        v = docker_client.volumes.create(labels={"io.gpux.pack.role": "test"})
+        made.append(v)
+        return v.name
+
+    yield make
+    for v in made:
+        v.remove(force=True)
+
+
+def _warmup_in(image: str, volume_name: str, docker_client) -> dict:
+    out = docker_client.containers.run(image, command=["warmup"], volumes={volume_name: {"bind": "/opt/gpux/cache"}},
+                                       read_only=True, tmpfs={"/tmp": "rw"}, remove=True, stderr=False)  # fmt: skip
+    return json.loads(out.decode().strip().splitlines()[-1])["warmup"]
+
+
+def test_a_named_volume_is_writable_and_shared(ov_never, docker_client, volume, cpu_answers):
+    name = volume()
+    first = _warmup_in(ov_never["tag"], name, docker_client)
+    second = _warmup_in(ov_never["tag"], name, docker_client)
+    assert (first["cache"], second["cache"]) == ("compiled", "volume") and first["key"] == second["key"]
+    # two containers warming one fresh volume at once: both ready, one valid folder, no leftovers
+    shared = volume()
+    opts = {"volumes": [(shared, "/opt/gpux/cache", "rw")], "read_only": True, "tmpfs": {"/tmp": "rw"}}
+    with serve(ov_never["tag"], ready=False, **opts) as a, serve(ov_never["tag"], ready=False, **opts) as b:
+        threads = [threading.Thread(target=wait_ready, args=(s,)) for s in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in (a, b):
+            _answers_match(s, cpu_answers)
+        code, out = a.container.get_wrapped_container().exec_run(["ls", "-A", "/opt/gpux/cache"])
+        assert out.decode().split() == [first["key"]], out
+    third = _warmup_in(ov_never["tag"], shared, docker_client)
+    assert third["cache"] == "volume"  # the published folder verifies
+
+
+def test_partition_and_accuracy_are_reported(docker_client, tags, tmp_path):
+    image = build_image(copy_example("mlp", tmp_path), tags("warm:at-start"), "--provider", "openvino")
+    with serve(image["tag"]) as server:
+        info = server.get("/info").json()["warmup"]
+    assert info["state"] == "done" and info["mode"] == "at-start" and info["cache"] == "compiled"
+    assert info["partition"] == {"OpenVINOExecutionProvider": 4}  # Gemm, Relu, Gemm, Softmax
+    assert set(info["accuracy"]) == {"logits", "probs"}
+    assert all(0 <= e["max_abs"] < 1e-4 and 0 <= e["max_rel"] < 1e-3 for e in info["accuracy"].values())
+
+
+def test_an_accuracy_limit_that_cannot_hold_fails_the_build(docker_client, tags, tmp_path):
+    project = copy_example("mlp", tmp_path)
+    with open(project / "gpux.yml", "a") as f:
+        f.write("\npack:\n  accuracy: {atol: 0, rtol: 0}\n")
+    tag = tags("warm-strict:1")
+    proc = run_cli("build", str(project), "--provider", "openvino", "--base-image", BASE_IMAGE, "--tag", tag,
+                   "--warmup", "always")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "last lines" not in proc.stderr, proc.stderr[-2000:]
+    line = errors[0]
+    assert line.startswith("error: warmup failed: output 'probs' differs from the CPU provider beyond pack.accuracy "
+                           "(atol 0.0, rtol 0.0): max abs error "), proc.stderr[-2000:]
+    assert not docker_client.images.list(name=tag.rsplit(":", 1)[0])
+    assert not docker_client.containers.list(all=True, filters={"label": "io.gpux.pack.role=warmup"})
