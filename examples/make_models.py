@@ -13,9 +13,9 @@ HERE = Path(__file__).parent
 OPSET = 17
 
 
-def save(graph: onnx.GraphProto, path: Path) -> None:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="gpux-pack-examples")
+def save(graph: onnx.GraphProto, path: Path, ml: bool = False) -> None:
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("ai.onnx.ml", 2)] if ml else [])
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="gpux-pack-examples")
     model.ir_version = 8
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
@@ -80,6 +80,26 @@ def text_classifier() -> None:
     save(graph, HERE / "text-classifier" / "model.onnx")
 
 
+def strings() -> None:
+    """text [batch] strings -> kind [batch] strings (cat feline, dog canine, else unknown), label
+    [batch] int64 (cat 0, dog 1, else -1). LabelEncoder needs no locale (StringNormalizer does)."""
+    nodes = [
+        helper.make_node("LabelEncoder", ["text"], ["kind"], domain="ai.onnx.ml", keys_strings=["cat", "dog"],
+                         values_strings=["feline", "canine"], default_string="unknown"),
+        helper.make_node("LabelEncoder", ["text"], ["label"], domain="ai.onnx.ml",
+                         keys_strings=["cat", "dog"], values_int64s=[0, 1], default_int64=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "strings",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch"])],
+        [helper.make_tensor_value_info("kind", TensorProto.STRING, ["batch"]),
+         helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])],
+    )
+    (HERE / "strings").mkdir(exist_ok=True)
+    save(graph, HERE / "strings" / "model.onnx", ml=True)
+
+
 if __name__ == "__main__":
     mlp()
     text_classifier()
+    strings()

@@ -243,10 +243,19 @@ class RuntimeSection(_Section):
     enable_profiling: bool = False
 
 
+class BatchingSection(_Section):
+    """Dynamic batching: concurrent requests merged into one session.run (models whose every
+    input and output has a dynamic first dimension)."""
+
+    max_batch_size: int = Field(8, ge=1, le=4096)
+    max_delay_ms: float = Field(2.0, ge=0, le=1000, description="How long a run waits for more requests")
+
+
 class ServingSection(_Section):
     port: int = Field(8080, ge=1, le=65535)
     host: str = Field("0.0.0.0", description="Address the server binds: an IPv4/IPv6 address or localhost")
-    batch_size: int = Field(1, ge=1, le=65536)
+    batch_size: int = Field(1, ge=1, le=65536, description="GPUX's: above 1, dynamic batching up to this many rows")
+    batching: BatchingSection | None = None
     timeout: Seconds = 5
     max_workers: int = Field(4, ge=1, le=256)
 

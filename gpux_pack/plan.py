@@ -303,6 +303,15 @@ def labels(plan: Plan, ort_version: str) -> dict[str, str]:
     return out
 
 
+def batching(cfg: Any) -> dict[str, float] | None:
+    """serving.batching, else GPUX's serving.batch_size above 1 as its max_batch_size (2 ms)."""
+    if cfg.serving.batching is not None:
+        return cfg.serving.batching.model_dump()
+    if cfg.serving.batch_size > 1:
+        return {"max_batch_size": cfg.serving.batch_size, "max_delay_ms": 2.0}
+    return None
+
+
 TRT_MAX_BATCH = 32  # a derived profile's largest batch, unless the config's batch size is larger
 
 
@@ -374,6 +383,7 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
             "host": cfg.serving.host,
             "max_workers": cfg.serving.max_workers,
             "timeout": cfg.serving.timeout,
+            "batching": batching(cfg),
         },
         "metadata": cfg.metadata,
         "pack_version": __version__,

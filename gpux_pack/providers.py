@@ -15,7 +15,10 @@ from gpux_pack.errors import UsageError
 from gpux_pack.runtime.dtypes import SHORT_NAMES
 
 # What the image's runtime imports besides onnxruntime (kept tiny: the runtime is slim).
-RUNTIME_REQUIREMENTS: tuple[str, ...] = ("numpy>=1.26", "uvicorn>=0.30,<1")
+# The image's runtime: uvicorn with httptools (its C HTTP parser; uvloop is left out: 14 MB
+# installed), orjson (JSON with numpy arrays, no tolist), prometheus-client (/metrics).
+RUNTIME_REQUIREMENTS: tuple[str, ...] = ("numpy>=1.26", "uvicorn>=0.30,<1", "httptools>=0.6", "orjson>=3.10",
+                                         "prometheus-client>=0.20")
 
 CACHE = "${GPUX_CACHE_DIR}"  # expanded by the runtime: the container's own cache dir
 NVIDIA_DRIVER = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvcuvid.so.1", "libnvidia-ptxjitcompiler.so.1")

@@ -68,11 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return _healthcheck()
     try:
         settings = Settings.load()
-        logging.basicConfig(
-            level=getattr(logging, settings.log_level.upper(), logging.INFO),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+        _logging(settings)
         from .session import Model
         from .tensors import RequestError, decode_predict, encode_predict, to_json
     except StartupError as e:
@@ -101,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         body = _read_input(args.input)
         _STATE["doing"] = "running the model"
         outputs = _interruptible(model.run, decode_predict(body, model.inputs, model.overridable))
-        print(json.dumps(encode_predict(outputs)))
+        print(encode_predict(outputs).decode())
         return 0
     except StartupError as e:
         print(f"gpux: {e}", file=sys.stderr)
@@ -111,6 +107,38 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         _STATE["doing"] = None
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record comes (a test may swap it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _logging(settings: Settings) -> None:
+    """Text lines, or one JSON object per line (GPUX_LOG_FORMAT=json, access logs included);
+    uvicorn's loggers go through the same handler."""
+    handler = _Stderr()
+    if settings.log_format == "json":
+        from .metrics import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, settings.log_level.upper(), logging.INFO))
+    access_on = settings.log_format == "json" or settings.log_level == "debug"
+    logging.getLogger("gpux.access").setLevel(logging.INFO if access_on else logging.WARNING)
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
 
 
 def _handoff(server: object) -> None:

@@ -1,39 +1,81 @@
-"""HTTP serving: GPUX endpoints and the KServe v2 / Open Inference Protocol REST endpoints.
+"""HTTP serving: GPUX endpoints and the KServe v2 / Open Inference Protocol REST endpoints,
+binary tensor extension included, plus /metrics.
 
 A bare ASGI app on uvicorn: the image needs no web framework, and every error path is ours
-(400 naming the input, 404, 405, 413, 503 while warming, 504 on timeout).
+(400 naming the input, 404, 405, 413, 503 while warming, draining or full, 504 on timeout).
+The event loop only moves bytes: bodies are parsed and answers encoded in a codec thread pool,
+inference runs in the scheduler's workers (bounded queue, dynamic batching), so a large body
+never holds up /v2/health/ready.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+import numpy as np
+
+from .metrics import Metrics, route
+from .scheduler import Batching, Overloaded, Scheduler
 from .session import AccuracyError, Model
-from .tensors import RequestError, decode_predict, decode_v2, encode_predict, encode_v2, parse_json, to_json
+from .tensors import (RequestError, TensorSpec, V2Request, decode_predict, decode_v2, dumps, encode_predict, encode_v2,
+                      parse_json, split_binary, to_json)
 
 log = logging.getLogger("gpux")
+access = logging.getLogger("gpux.access")
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 _V2_MODEL = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<rest>/ready|/infer)?$")
+JSON = b"application/json"
+BINARY_HEADER = b"inference-header-content-length"
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: bytes = JSON
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def _json(status: int, value: Any) -> Response:
+    return Response(status, dumps(value))
 
 
 class App:
     def __init__(self, model: Model, pack_version: str = ""):
         self.model = model
+        settings = model.settings
         self.ready = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=model.settings.max_workers, thread_name_prefix="infer")
         self.pack_version = pack_version
         self.outputs = {o.name: o for o in model.outputs}
-        self.server: Any = None  # uvicorn's, to stop it when warmup finds wrong answers
+        self.server: Any = None  # uvicorn's: its should_exit is the drain, and warmup can stop it
         self.failed: str | None = None
+        self.metrics = Metrics()
+        cpus = settings.limits.cpus if settings.limits else 2
+        self.codec = ThreadPoolExecutor(max_workers=max(2, min(8, cpus)), thread_name_prefix="codec")
+        self.batchable = _batchable(model.inputs, model.outputs)
+        batching = None
+        if settings.batching:
+            if self.batchable:
+                batching = Batching(*settings.batching)
+            else:
+                log.warning("serving.batching is off: it needs a dynamic first dimension on every input and output")
+        import onnxruntime as ort
+
+        self.scheduler = Scheduler(model.run, ort.RunOptions, settings.max_workers, settings.max_queue, batching,
+                                   self.metrics.observe_run)  # fmt: skip
+        self._bytes_lock = threading.Lock()
+        self.in_flight_bytes = 0
+        self._large = False  # a large request finished since memory was last trimmed
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -60,6 +102,13 @@ class App:
 
         threading.Thread(target=work, name="warmup", daemon=True).start()
 
+    @property
+    def draining(self) -> bool:
+        return self.server is not None and bool(self.server.should_exit)
+
+    def is_ready(self) -> bool:
+        return self.ready.is_set() and not self.draining
+
     # -- ASGI --------------------------------------------------------------------------------
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -68,15 +117,30 @@ class App:
             return
         if scope["type"] != "http":
             return
+        started = time.perf_counter()
         allow = None
         try:
-            status, body = await self._route(scope, receive)
+            response = await self._route(scope, receive)
         except RequestError as e:
-            status, body, allow = e.status, {"error": str(e)}, e.allow
+            response, allow = _json(e.status, {"error": str(e)}), e.allow
+            if e.status in (503, 504):
+                self.metrics.refused.labels("timeout" if e.status == 504 else "busy").inc()
+                if e.status == 503:
+                    response.headers.append((b"retry-after", b"1"))
         except Exception as e:  # never let one request take the server down
             log.exception("unexpected error")
-            status, body = 500, {"error": f"internal error: {type(e).__name__}: {e}"}
-        await _respond(send, status, body, allow)
+            response = _json(500, {"error": f"internal error: {type(e).__name__}: {e}"})
+        if allow and response.status == 405:
+            response.headers.append((b"allow", allow.encode()))
+        await _send(send, response)
+        seconds = time.perf_counter() - started
+        path = scope["path"]
+        self.metrics.observe_request(route(path.rstrip("/") or "/", self.model.spec["name"]), response.status, seconds)
+        if access.isEnabledFor(logging.INFO):
+            access.info("%s %s %d %.1fms", scope["method"], path, response.status, seconds * 1000,
+                        extra={"method": scope["method"], "path": path, "status": response.status,
+                               "seconds": round(seconds, 6), "bytes": len(response.body),
+                               "client": (scope.get("client") or ("", 0))[0]})  # fmt: skip
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -85,36 +149,41 @@ class App:
                 self.start_warmup()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                self.pool.shutdown(wait=True)
+                self.scheduler.close()
+                await asyncio.get_running_loop().run_in_executor(None, self.scheduler.join, 2.0)
+                self.codec.shutdown(wait=False)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _route(self, scope: dict[str, Any], receive: Receive) -> tuple[int, Any]:
+    async def _route(self, scope: dict[str, Any], receive: Receive) -> Response:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         model = self.model
         name, version = model.spec["name"], model.spec["version"]
 
         if path == "/health":
             self._only(method, "GET")
-            return (200, {"status": "ready"}) if self.ready.is_set() else (503, {"status": "warming up"})
+            return _json(200, {"status": "ready"}) if self.is_ready() else _json(503, {"status": self._state()})
         if path == "/info":
             self._only(method, "GET")
-            return 200, to_json(model.info())  # metadata from the model may hold NaN or odd types
+            return _json(200, to_json(model.info()))  # metadata from the model may hold NaN or odd types
+        if path == "/metrics":
+            self._only(method, "GET")
+            self.metrics.queue.set(self.scheduler.depth)
+            self.metrics.in_flight.set(self.in_flight_bytes)
+            body, content_type = self.metrics.render()
+            return Response(200, body, content_type.encode())
         if path == "/predict":
             self._only(method, "POST")
-            body = await self._json(scope, receive)
-            self._need_ready()
-            feeds = decode_predict(body, model.inputs, model.overridable)
-            return 200, encode_predict(await self._infer(feeds, None))
+            return await self._infer_request(scope, receive, v2=False)
         if path == "/v2":
             self._only(method, "GET")
-            return 200, {"name": "gpux", "version": self.pack_version, "extensions": []}
+            return _json(200, {"name": "gpux", "version": self.pack_version, "extensions": ["binary_tensor_data"]})
         if path == "/v2/health/live":
             self._only(method, "GET")
-            return 200, {"live": True}
+            return _json(200, {"live": True})
         if path == "/v2/health/ready":
             self._only(method, "GET")
-            return (200, {"ready": True}) if self.ready.is_set() else (503, {"ready": False})
+            return _json(200, {"ready": True}) if self.is_ready() else _json(503, {"ready": False})
         m = _V2_MODEL.match(path)
         if m:
             if m["name"] != name:
@@ -124,30 +193,21 @@ class App:
             rest = m["rest"]
             if rest is None:
                 self._only(method, "GET")
-                return 200, self._metadata()
+                return _json(200, self._metadata())
             if rest == "/ready":
                 self._only(method, "GET")
-                return (200, {"name": name, "ready": True}) if self.ready.is_set() else (503, {"name": name, "ready": False})
+                return _json(200 if self.is_ready() else 503, {"name": name, "ready": self.is_ready()})
             self._only(method, "POST")
-            body = await self._json(scope, receive)
-            self._need_ready()
-            feeds, wanted = decode_v2(body, model.inputs, model.outputs, model.overridable)
-            outputs = await self._infer(feeds, wanted)
-            answer: dict[str, Any] = {"model_name": name, "model_version": version}
-            if isinstance(body.get("id"), str):
-                answer["id"] = body["id"]
-            answer["outputs"] = encode_v2(outputs, self.outputs)
-            return 200, answer
+            return await self._infer_request(scope, receive, v2=True)
         raise RequestError(f"no such endpoint: {method} {scope['path']}", 404)
+
+    def _state(self) -> str:
+        return "draining" if self.draining else "warming up"
 
     @staticmethod
     def _only(method: str, allowed: str) -> None:
         if method != allowed:
             raise RequestError(f"method {method} not allowed here; use {allowed}", 405, allow=allowed)
-
-    def _need_ready(self) -> None:
-        if not self.ready.is_set():
-            raise RequestError("the model is warming up; retry when /v2/health/ready answers 200", 503)
 
     def _metadata(self) -> dict[str, Any]:
         m = self.model
@@ -159,11 +219,64 @@ class App:
             "outputs": [{"name": s.name, "datatype": s.datatype, "shape": s.v2_shape} for s in m.outputs],
         }
 
-    async def _json(self, scope: dict[str, Any], receive: Receive) -> Any:
+    # -- inference ---------------------------------------------------------------------------
+
+    async def _infer_request(self, scope: dict[str, Any], receive: Receive, v2: bool) -> Response:
+        if not self.is_ready():
+            raise RequestError(f"the model is {self._state()}; retry when /v2/health/ready answers 200", 503)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length", b"")
         limit = self.model.settings.max_body_bytes
-        for key, value in scope.get("headers", []):
-            if key == b"content-length" and value.isdigit() and int(value) > limit:
-                raise RequestError(f"request body of {int(value)} bytes exceeds the limit of {limit}", 413)
+        declared = int(length) if length.isdigit() else 0
+        if declared > limit:
+            raise RequestError(f"request body of {declared} bytes exceeds the limit of {limit} "
+                               "(GPUX_MAX_BODY_BYTES)", 413)  # fmt: skip
+        held = self._hold(declared)
+        try:
+            body, extra = await self._read(receive, limit, declared)
+            held += self._hold(extra)
+            loop = asyncio.get_running_loop()
+            self.scheduler.arrive(1)
+            try:
+                feeds, request = await loop.run_in_executor(self.codec, self._decode, body, headers, v2)
+            finally:
+                self.scheduler.arrive(-1)
+            del body
+            outputs = await self._run(feeds, request.outputs)
+            if not v2:
+                return Response(200, await loop.run_in_executor(self.codec, encode_predict, outputs))
+            head = {"model_name": self.model.spec["name"], "model_version": self.model.spec["version"]}
+            if request.id is not None:
+                head["id"] = request.id
+            payload, header_length = await loop.run_in_executor(self.codec, encode_v2, outputs, self.outputs,
+                                                                request, head)  # fmt: skip
+            if header_length is None:
+                return Response(200, payload)
+            return Response(200, payload, b"application/octet-stream", [(BINARY_HEADER, str(header_length).encode())])
+        finally:
+            self._release(held)
+
+    def _hold(self, n: int) -> int:
+        """Count n request bytes against what all requests in flight may hold; 503 past it."""
+        with self._bytes_lock:
+            if n and self.in_flight_bytes + n > self.model.settings.max_in_flight_bytes:
+                self.metrics.refused.labels("memory").inc()
+                raise RequestError("too many request bytes in flight; retry shortly", 503)
+            self.in_flight_bytes += n
+        return n
+
+    def _release(self, n: int) -> None:
+        with self._bytes_lock:
+            self.in_flight_bytes -= n
+            self._large = self._large or n >= TRIM_AFTER
+            trim = self._large and self.in_flight_bytes == 0
+            if trim:
+                self._large = False
+        if trim:
+            _trim()
+
+    async def _read(self, receive: Receive, limit: int, declared: int) -> tuple[bytes, int]:
+        """The body, within the limit; (body, bytes beyond what was declared and held)."""
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -172,22 +285,48 @@ class App:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise RequestError(f"request body exceeds the limit of {limit} bytes", 413)
+                raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
-        raw = b"".join(chunks)
-        if not raw.strip():
-            raise RequestError("empty body; expected JSON")
-        return parse_json(raw)
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), max(0, size - declared)
 
-    async def _infer(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
+    def _decode(self, body: bytes, headers: dict[bytes, bytes], v2: bool) -> tuple[dict[str, np.ndarray], V2Request]:
+        """In a codec thread: the body as feeds, checked against the per-request budget."""
+        model, budget = self.model, self.model.settings.max_request_bytes
+        content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if not v2 and content_type in (b"application/x-npy", b"application/npy"):
+            feeds = _decode_npy(body, model.inputs, budget)
+            request = V2Request()
+        elif v2:
+            if not body.strip():
+                raise RequestError("empty body; expected a JSON infer request")
+            length = headers.get(BINARY_HEADER)
+            header, blobs = split_binary(body, length.decode("latin-1") if length is not None else None)
+            feeds, request = decode_v2(header, model.inputs, model.outputs, model.overridable, blobs, budget)
+        else:
+            if not body.strip():
+                raise RequestError("empty body; expected JSON")
+            feeds, request = decode_predict(parse_json(body), model.inputs, model.overridable), V2Request()
+        needed = sum(a.nbytes for a in feeds.values()) + _output_bytes(model.inputs, model.outputs, feeds,
+                                                                       request.outputs)  # fmt: skip
+        if needed > budget:
+            raise RequestError(f"the request's tensors and the outputs they imply need about {needed} bytes, more "
+                               f"than this server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)",
+                               413)  # fmt: skip
+        return feeds, request
+
+    async def _run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
         timeout = self.model.settings.timeout
-        job = loop.run_in_executor(self.pool, self.model.run, feeds, names)
         try:
-            return await asyncio.wait_for(job, timeout)
+            job = self.scheduler.submit(feeds, names, self.batchable)
+        except Overloaded as e:
+            raise RequestError(str(e), 503) from None
+        waiting = asyncio.wrap_future(job.future)
+        try:
+            return await asyncio.wait_for(waiting, timeout)
         except asyncio.TimeoutError:
+            job.abandon()
             raise RequestError(f"inference took longer than {timeout:g}s", 504) from None
         except Exception as e:
             text = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -196,31 +335,96 @@ class App:
             raise
 
 
-async def _respond(send: Send, status: int, body: Any, allow: str | None = None) -> None:
-    try:
-        payload = _encode(body)
-    except (TypeError, ValueError, RecursionError) as e:
-        log.error("cannot encode an answer as JSON: %s", e)
-        status, payload = 500, b'{"error":"internal error: the answer cannot be encoded as JSON"}'
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    if allow and status == 405:
-        headers.append((b"allow", allow.encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+TRIM_AFTER = 1 << 20  # a request this large may leave freed memory in malloc's free lists
 
 
-def _encode(body: Any) -> bytes:
-    """Strict JSON; a body it cannot hold (NaN, a numpy scalar, a set) goes through to_json
-    (null, plain values, str) rather than turning an answer into a 500."""
+def _trim() -> None:
+    """Give memory freed by large requests back to the system (glibc keeps it otherwise, and a
+    container's memory would only grow under a burst of large requests)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 (musl has none)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC: Any = None
+
+
+def _batchable(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> bool:
+    """Requests can share a run when every tensor's first dimension is a dynamic batch."""
+    def dynamic_first(s: TensorSpec) -> bool:
+        return bool(s.shape) and not (isinstance(s.shape[0], int) and s.shape[0] >= 0)
+
+    return bool(inputs) and all(dynamic_first(s) for s in inputs if s.required) and all(
+        dynamic_first(s) for s in outputs)  # fmt: skip
+
+
+def _output_bytes(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: dict[str, np.ndarray],
+                  names: list[str] | None) -> int:
+    """The outputs' size from their declared shapes, named dimensions bound by the inputs'
+    (an unknown dimension counts as 1)."""
+    from .dtypes import DTYPES
+
+    dims: dict[str, int] = {}
+    for spec in inputs:
+        arr = feeds.get(spec.name)
+        if arr is not None and spec.shape and len(spec.shape) == arr.ndim:
+            dims.update({d: n for d, n in zip(spec.shape, arr.shape) if isinstance(d, str)})
+    total = 0
+    for spec in outputs:
+        if names is not None and spec.name not in names or not spec.shape:
+            continue
+        count = 1
+        for d in spec.shape:
+            count *= d if isinstance(d, int) and d >= 0 else dims.get(d, 1) if isinstance(d, str) else 1
+        itemsize = 8 if spec.dtype not in DTYPES or spec.dtype == "string" else np.dtype(DTYPES[spec.dtype][0]).itemsize
+        total += count * itemsize
+    return total
+
+
+def _decode_npy(body: bytes, inputs: list[TensorSpec], budget: int) -> dict[str, np.ndarray]:
+    """/predict with one .npy array as the body: the model's single required input."""
+    import io
+
+    from .tensors import check_shape, to_array
+
+    required = [s for s in inputs if s.required]
+    if len(required) != 1:
+        raise RequestError(f"a .npy body carries one array; this model needs {len(required)} inputs: send JSON")
+    spec = required[0]
     try:
-        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError):
-        return json.dumps(to_json(body), separators=(",", ":"), allow_nan=False).encode()
+        arr = np.load(io.BytesIO(body), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise RequestError(f"the body is not a .npy array: {str(e).splitlines()[0][:200]}") from None
+    if arr.nbytes > budget:
+        raise RequestError(f"the array holds {arr.nbytes} bytes, more than the budget of {budget}", 413)
+    what = f"input '{spec.name}'"
+    if arr.dtype.kind in "fiub" and spec.dtype != "string":
+        arr = to_array(spec, arr, what)
+    else:
+        raise RequestError(f"{what}: a .npy body holds numbers; this input is {spec.dtype}")
+    check_shape(spec, arr, what, {})
+    return {spec.name: arr}
+
+
+async def _send(send: Send, response: Response) -> None:
+    headers = [(b"content-type", response.content_type), (b"content-length", str(len(response.body)).encode()),
+               *response.headers]  # fmt: skip
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
 
 
 def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] | None = None) -> int:
     """Run uvicorn in this thread. `handoff(server)` is called just before uvicorn takes over
-    SIGTERM/SIGINT, so the caller's handler can stop the server instead of the process."""
+    SIGTERM/SIGINT, so the caller's handler can stop the server instead of the process. On
+    SIGTERM: readiness turns 503, no new connections, in-flight requests get drain_seconds."""
     import uvicorn
 
     settings = model.settings
@@ -230,11 +434,12 @@ def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] |
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # our handlers (text or JSON lines) for uvicorn's loggers too
         lifespan="on",
         server_header=False,
-        timeout_graceful_shutdown=max(10, int(settings.timeout) + 5),
-        access_log=settings.log_level == "debug",
-        http="h11",
+        timeout_graceful_shutdown=max(1, int(settings.drain_seconds)),
+        access_log=False,  # ours, with the fields the JSON format needs
+        http="auto",  # httptools when installed, else h11
         loop="asyncio",
     )
     server = uvicorn.Server(config)

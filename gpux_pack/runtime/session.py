@@ -80,6 +80,11 @@ class Model:
             usable = [(n, {k: v for k, v in o.items() if k != "trt_dump_ep_context_model"}) for n, o in usable]
         opts = ort.SessionOptions()
         opts.log_severity_level = {"debug": 0, "info": 2, "warning": 2}.get(settings.log_level, 3)
+        # threads from the CPUs this container may use (its cgroup), not the host's
+        opts.intra_op_num_threads = settings.threads
+        opts.inter_op_num_threads = 1
+        # no CPU arena: memory a large request took goes back, instead of staying with the arena
+        opts.enable_cpu_mem_arena = False
         user_profiling = bool(spec.get("runtime", {}).get("enable_profiling"))
         if user_profiling or warm_up:
             opts.enable_profiling = True
@@ -135,9 +140,10 @@ class Model:
         model.profiling = (user_profiling or warm_up) and not user_profiling
         return model
 
-    def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, Any]:
+    def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None,
+            options: Any = None) -> dict[str, Any]:
         names = output_names or [o.name for o in self.outputs]
-        values = self.session.run(names, feeds)
+        values = self.session.run(names, feeds, options)
         return dict(zip(names, values))
 
     def warmup_feeds(self) -> list[dict[str, np.ndarray]]:

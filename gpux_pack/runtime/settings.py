@@ -57,14 +57,26 @@ class Settings:
     require_provider: bool
     cache_dir: Path
     max_body_bytes: int
-    max_workers: int
+    max_workers: int  # inference workers (threads calling session.run)
     timeout: float
     baked_dir: Path = Path("/opt/gpux/warm")  # caches baked into the image (warm.BAKED_DIR)
+    log_format: str = "text"  # text | json (one JSON object per line, access logs included)
+    threads: int = 1  # ONNX Runtime intra-op threads per worker
+    max_queue: int = 64  # requests waiting for a worker; beyond: 503
+    max_request_bytes: int = 1 << 30  # tensor bytes one request may hold; beyond: 413
+    max_in_flight_bytes: int = 1 << 31  # request bytes all requests in flight may hold; beyond: 503
+    drain_seconds: float = 8.0  # SIGTERM: time in-flight requests get to finish (docker stop waits 10 s)
+    batching: tuple[int, float] | None = None  # (max_batch_size, max_delay_ms)
+    limits: Any = None  # resources.Limits: what the cgroup gives
 
     @classmethod
-    def load(cls, env: dict[str, str] | None = None) -> "Settings":
-        """The variables first (they need no file), then gpux.json for the defaults."""
+    def load(cls, env: dict[str, str] | None = None, limits: Any = None) -> "Settings":
+        """The variables first (they need no file), then gpux.json and the container's CPUs and
+        memory (its cgroup) for the defaults."""
+        from . import resources
+
         env = dict(os.environ if env is None else env)
+        lim = limits or resources.limits()
         port = _whole(env, "GPUX_PORT", 1, 65535, "a port number from 1 to 65535")
         host = _host(env)
         log_level = _choice(env, "GPUX_LOG_LEVEL", LOG_LEVELS)
@@ -74,6 +86,11 @@ class Settings:
         max_body_bytes = _whole(env, "GPUX_MAX_BODY_BYTES", 1, None, "a positive whole number of bytes")
         max_workers = _whole(env, "GPUX_MAX_WORKERS", 1, MAX_WORKERS, f"a whole number from 1 to {MAX_WORKERS}")
         timeout = _seconds(env, "GPUX_TIMEOUT")
+        log_format = _choice(env, "GPUX_LOG_FORMAT", ("text", "json"))
+        threads = _whole(env, "GPUX_THREADS", 1, 1024, "a whole number of threads from 1 to 1024")
+        max_queue = _whole(env, "GPUX_MAX_QUEUE", 1, 1 << 20, "a positive whole number of requests")
+        max_request = _whole(env, "GPUX_MAX_REQUEST_BYTES", 1, None, "a positive whole number of bytes")
+        drain = _seconds(env, "GPUX_DRAIN_SECONDS")
         path, spec = _read_config(env)
 
         serving = spec.get("serving") or {}
@@ -83,6 +100,12 @@ class Settings:
             providers = [(name, options.get(name, {})) for name in wanted]
             if "CPUExecutionProvider" not in wanted:
                 providers.append(("CPUExecutionProvider", {}))
+        primary = providers[0][0] if providers else "CPUExecutionProvider"
+        on_cpu = primary in ("CPUExecutionProvider", "OpenVINOExecutionProvider")
+        # on CPUs one run already uses every core: more workers only contend; a GPU overlaps two
+        workers = max_workers or min(int(serving.get("max_workers", 4)), 1 if on_cpu else 2)
+        batching = serving.get("batching") or None
+        batch = (int(batching["max_batch_size"]), float(batching["max_delay_ms"])) if batching else None
         return cls(
             spec=spec,
             root=path.parent,
@@ -92,9 +115,17 @@ class Settings:
             providers=providers,
             require_provider=require_provider,
             cache_dir=cache_dir,
-            max_body_bytes=max_body_bytes or 64 * 1024 * 1024,
-            max_workers=max_workers or int(serving.get("max_workers", 4)),
+            max_body_bytes=max_body_bytes or resources.default_body_bytes(lim),
+            max_workers=workers,
             timeout=timeout or float(serving.get("timeout", 30)),
+            log_format=log_format or "text",
+            threads=threads or max(1, lim.cpus // workers) if on_cpu else (threads or lim.cpus),
+            max_queue=max_queue or max(16, 4 * workers * (batch[0] if batch else 4)),
+            max_request_bytes=max_request or resources.default_request_bytes(lim),
+            max_in_flight_bytes=resources.default_in_flight_bytes(lim),
+            drain_seconds=drain or 8.0,
+            batching=batch,
+            limits=lim,
         )
 
 

@@ -5,12 +5,13 @@ Every check names the input and what is wrong; a bad request costs the server no
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+import orjson
 
 from .dtypes import DTYPES
 
@@ -27,24 +28,36 @@ MAX_DEPTH = 400  # json.loads recurses per level: 100k levels would be a Recursi
 _STEPS = bytes(1 if b in b"[{" else 255 if b in b"]}" else 0 for b in range(256))  # +1 / -1 as int8
 _QUOTES = bytes(b == ord('"') for b in range(256))
 _CHUNK = 1 << 22
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
-def parse_json(raw: bytes, what: str = "malformed JSON") -> Any:
-    """A request body as JSON, refusing nesting deeper than MAX_DEPTH before json.loads sees it."""
+def parse_json(raw: bytes | memoryview, what: str = "malformed JSON") -> Any:
+    """A request body as JSON (orjson: several times stdlib json's speed), refusing nesting
+    deeper than MAX_DEPTH before the parser sees it."""
     if too_deep(raw):
         raise RequestError(f"the JSON body is nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(raw)
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise RequestError(f"{what}: {e}") from None
     except RecursionError:
         raise RequestError(f"the JSON body is nested deeper than {MAX_DEPTH} levels") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"{what}: {e}") from None
 
 
-def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+def dumps(value: Any) -> bytes:
+    """Strict JSON, numpy arrays written by orjson itself (no tolist); NaN and infinities become
+    null. What orjson cannot hold (a float16 array, an object array, a set) goes through to_json."""
+    try:
+        return orjson.dumps(value, option=_OPTIONS)
+    except TypeError:
+        return orjson.dumps(to_json(value), option=_OPTIONS)
+
+
+def too_deep(raw: bytes | memoryview, limit: int = MAX_DEPTH) -> bool:
     """Nesting past `limit`, without a Python loop over a 64 MiB body. At most `limit` brackets
     cannot nest deeper; else the escapes go (bytes.replace pairs backslashes left to right, as
     JSON does), the quotes left delimit strings, and a running sum in numpy gives the depth."""
+    raw = bytes(raw) if isinstance(raw, memoryview) else raw
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
     if b"\\" in raw:
@@ -185,8 +198,15 @@ def _names(inputs: list[TensorSpec]) -> str:
     return ", ".join(s.name for s in inputs)
 
 
-def encode_predict(outputs: dict[str, Any]) -> dict[str, Any]:
-    return {name: to_json(value) for name, value in outputs.items()}
+def encode_predict(outputs: dict[str, Any]) -> bytes:
+    """GPUX: {"<output>": nested list}, numpy arrays written by orjson directly."""
+    return dumps({name: _plain(value) for name, value in outputs.items()})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS" and value.dtype != np.float16:
+        return np.ascontiguousarray(value)
+    return to_json(value)
 
 
 def to_json(value: Any) -> Any:
@@ -223,9 +243,39 @@ def _finite(v: Any) -> Any:
 # KServe v2 / Open Inference Protocol (REST, JSON tensors)
 
 
+@dataclass
+class V2Request:
+    """What a v2 infer request asks for besides its inputs."""
+
+    id: str | None = None
+    outputs: list[str] | None = None  # None: all
+    binary: dict[str, bool] = field(default_factory=dict)  # output -> as binary data
+    binary_default: bool = False  # parameters.binary_data_output
+
+    def wants_binary(self, name: str) -> bool:
+        return self.binary.get(name, self.binary_default)
+
+
+def split_binary(body: bytes, header_length: str | None) -> tuple[Any, memoryview]:
+    """The binary tensor extension: the first `Inference-Header-Content-Length` bytes are the
+    JSON header, the rest the tensors' bytes in input order."""
+    view = memoryview(body)
+    if header_length is None:
+        return parse_json(view), view[len(view):]
+    text = header_length.strip()
+    if not text.isdigit() or int(text) > len(body):
+        raise RequestError(f"Inference-Header-Content-Length {text[:40]!r}: expected a byte count within the body "
+                           f"({len(body)} bytes)")  # fmt: skip
+    n = int(text)
+    return parse_json(view[:n]), view[n:]
+
+
 def decode_v2(
-    body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], overridable: Sequence[TensorSpec] = ()
-) -> tuple[dict[str, np.ndarray], list[str] | None]:
+    body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], overridable: Sequence[TensorSpec] = (),
+    blobs: memoryview | None = None, budget: int | None = None,
+) -> tuple[dict[str, np.ndarray], V2Request]:
+    """v2 infer inputs as numpy (JSON data, or binary data from `blobs`), and what to answer.
+    budget: the most tensor bytes one request may hold, checked from shapes before converting."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object with an 'inputs' list")
     items = body.get("inputs")
@@ -234,6 +284,8 @@ def decode_v2(
     by_name = {s.name: s for s in (*overridable, *inputs)}
     feeds: dict[str, np.ndarray] = {}
     dims: dict[str, tuple[int, str]] = {}
+    blobs = blobs if blobs is not None else memoryview(b"")
+    offset, total = 0, 0
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise RequestError(f"inputs[{i}]: expected an object with name, shape, datatype and data")
@@ -247,9 +299,9 @@ def decode_v2(
         if name in feeds:
             raise RequestError(f"{what} is given twice")
         params = item.get("parameters") or {}
-        if isinstance(params, dict) and "binary_data_size" in params:
-            raise RequestError(f"{what}: the binary tensor extension is not supported; send JSON data")
-        for key in ("shape", "datatype", "data"):
+        if not isinstance(params, dict):
+            raise RequestError(f"{what}: 'parameters' must be an object")
+        for key in ("shape", "datatype"):
             if key not in item:
                 raise RequestError(f"{what}: '{key}' is missing")
         shape = item["shape"]
@@ -257,35 +309,120 @@ def decode_v2(
             raise RequestError(f"{what}: 'shape' must be a list of non-negative integers")
         if item["datatype"] != spec.datatype:
             raise RequestError(f"{what}: datatype {item['datatype']} does not match the model's {spec.datatype}")
-        arr = to_array(spec, item["data"], what).reshape(-1)
         count = math.prod(shape)
-        if arr.size != count:
-            raise RequestError(f"{what}: shape {shape} needs {count} values, got {arr.size}")
+        itemsize = 8 if spec.dtype == "string" else np.dtype(DTYPES[spec.dtype][0]).itemsize
+        total += count * itemsize
+        if budget is not None and total > budget:
+            raise RequestError(f"{what}: shape {shape} makes the request's tensors {total} bytes, more than this "
+                               f"server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)  # fmt: skip
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(blobs):
+                raise RequestError(f"{what}: binary_data_size {size!r} does not fit the {len(blobs) - offset} bytes "
+                                   "of binary data left in the body")  # fmt: skip
+            if "data" in item:
+                raise RequestError(f"{what}: has both 'data' and binary_data_size")
+            arr = from_binary(spec, blobs[offset: offset + size], count, what)
+            offset += size
+        else:
+            if "data" not in item:
+                raise RequestError(f"{what}: 'data' is missing")
+            arr = to_array(spec, item["data"], what).reshape(-1)
+            if arr.size != count:
+                raise RequestError(f"{what}: shape {shape} needs {count} values, got {arr.size}")
         arr = arr.reshape(shape)
         check_shape(spec, arr, what, dims)
         feeds[name] = arr
+    if offset != len(blobs):
+        raise RequestError(f"the body has {len(blobs) - offset} bytes of binary data that no input claims")
     for spec in inputs:
         if spec.required and spec.name not in feeds:
             raise RequestError(f"missing required input '{spec.name}'")
+    request = V2Request()
+    if "id" in body:
+        if not isinstance(body["id"], str):
+            raise RequestError("'id' must be a string")
+        request.id = body["id"]
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError("'parameters' must be an object")
+    request.binary_default = params.get("binary_data_output") is True
     wanted = body.get("outputs")
-    names: list[str] | None = None
     if wanted is not None:
-        known = {s.name for s in outputs}
+        known = [s.name for s in outputs]
         if not isinstance(wanted, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted):
             raise RequestError("'outputs' must be a list of objects with a 'name'")
-        names = [o["name"] for o in wanted]
-        for n in names:
-            if n not in known:
-                raise RequestError(f"unknown output '{n}'; the model's outputs are: {', '.join(known)}")
-    return feeds, names
+        request.outputs = []
+        for o in wanted:
+            if o["name"] not in known:
+                raise RequestError(f"unknown output '{o['name']}'; the model's outputs are: {', '.join(known)}")
+            if o["name"] in request.outputs:
+                raise RequestError(f"output '{o['name']}' is asked for twice")
+            request.outputs.append(o["name"])
+            oparams = o.get("parameters") or {}
+            if not isinstance(oparams, dict):
+                raise RequestError(f"output '{o['name']}': 'parameters' must be an object")
+            if "binary_data" in oparams:
+                request.binary[o["name"]] = oparams["binary_data"] is True
+    return feeds, request
 
 
-def encode_v2(outputs: dict[str, Any], specs: dict[str, TensorSpec]) -> list[dict[str, Any]]:
-    out = []
+def from_binary(spec: TensorSpec, data: memoryview, count: int, what: str) -> np.ndarray:
+    """Raw little-endian tensor bytes, or BYTES elements as a 4-byte length and the bytes."""
+    if spec.dtype == "string":
+        out, pos, raw = [], 0, bytes(data)
+        while pos < len(raw):
+            if pos + 4 > len(raw):
+                raise RequestError(f"{what}: BYTES data ends inside an element's length")
+            (n,) = struct.unpack_from("<I", raw, pos)
+            pos += 4
+            if pos + n > len(raw):
+                raise RequestError(f"{what}: a BYTES element of {n} bytes runs past the tensor's data")
+            try:
+                out.append(raw[pos: pos + n].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise RequestError(f"{what}: a BYTES element is not UTF-8 text") from None
+            pos += n
+        if len(out) != count:
+            raise RequestError(f"{what}: the shape needs {count} elements, the binary data holds {len(out)}")
+        return np.array(out, dtype=object)
+    dtype = np.dtype(DTYPES[spec.dtype][0]).newbyteorder("<")
+    if len(data) != count * dtype.itemsize:
+        raise RequestError(f"{what}: the shape needs {count * dtype.itemsize} bytes of {spec.datatype}, "
+                           f"binary_data_size is {len(data)}")  # fmt: skip
+    return np.frombuffer(data, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+
+
+def encode_v2(outputs: dict[str, Any], specs: dict[str, TensorSpec], request: V2Request | None = None,
+              head: dict[str, Any] | None = None) -> tuple[bytes, int | None]:
+    """The v2 response: (body, the JSON header's length when binary data follows it, else None)."""
+    request = request or V2Request()
+    items, blobs = [], []
     for name, value in outputs.items():
-        arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
         spec = specs.get(name)
         datatype = spec.datatype if spec and spec.dtype in DTYPES else "BYTES"
-        data = to_json(arr.reshape(-1)) if arr.dtype.kind != "O" or arr.ndim else [to_json(value)]
-        out.append({"name": name, "datatype": datatype, "shape": list(arr.shape), "data": data})
-    return out
+        item: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        if request.wants_binary(name) and (datatype != "BYTES" or arr.dtype.kind in "OUS"):
+            blob = to_binary(arr, datatype)
+            item["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        elif datatype == "BYTES" or arr.dtype.kind in "OUS" or arr.dtype == np.float16:
+            item["data"] = to_json(arr.reshape(-1)) if arr.ndim else [to_json(value)]
+        else:
+            item["data"] = np.ascontiguousarray(arr).reshape(-1)
+        items.append(item)
+    header = dumps({**(head or {}), "outputs": items})
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+def to_binary(arr: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        parts = []
+        for v in arr.reshape(-1):
+            b = v if isinstance(v, bytes) else str(v).encode("utf-8")
+            parts += [struct.pack("<I", len(b)), b]
+        return b"".join(parts)
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()

@@ -51,19 +51,21 @@ class Client:
     def request(self, method: str, path: str, body: bytes | str | object = b"", headers=None):
         if not isinstance(body, (bytes, str)):
             body = json.dumps(body)
-        data = body.encode() if isinstance(body, str) else body
+        sent = self.raw(method, path, body.encode() if isinstance(body, str) else body, headers)
+        return sent[0]["status"], json.loads(sent[1]["body"]), dict(sent[0]["headers"])
+
+    def raw(self, method: str, path: str, body: bytes, headers=None) -> list[dict]:
         scope = {"type": "http", "method": method, "path": path, "headers": headers or []}
         sent: list[dict] = []
 
         async def receive():
-            return {"type": "http.request", "body": data, "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
 
         async def send(message):
             sent.append(message)
 
         asyncio.run(self.app(scope, receive, send))
-        status = sent[0]["status"]
-        return status, json.loads(sent[1]["body"]), dict(sent[0]["headers"])
+        return sent
 
 
 @pytest.fixture
@@ -124,7 +126,7 @@ BAD = [
     ("POST", "/v2/models/iris-mlp/infer", {"inputs": []}, 400, "non-empty list"),
     ("POST", "/v2/models/iris-mlp/infer", {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32"}]}, 400, "'data' is missing"),
     ("POST", "/v2/models/iris-mlp/infer", {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}], "outputs": [{"name": "nope"}]}, 400, "unknown output 'nope'"),
-    ("POST", "/v2/models/iris-mlp/infer", {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4], "parameters": {"binary_data_size": 16}}]}, 400, "binary tensor extension"),
+    ("POST", "/v2/models/iris-mlp/infer", {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4], "parameters": {"binary_data_size": 16}}]}, 400, "does not fit the 0 bytes of binary data"),
     ("POST", "/v2/models/other/infer", {"inputs": []}, 404, "unknown model 'other'"),
     ("GET", "/v2/models/iris-mlp/versions/9", b"", 404, "unknown version '9'"),
     ("GET", "/nope", b"", 404, "no such endpoint"),
@@ -214,11 +216,12 @@ def test_cli_predict_and_info(tmp_path, capsys, monkeypatch):
 
 
 def test_runtime_imports_only_its_own_libraries():
-    """The runtime folder is copied alone into images holding numpy, onnxruntime and uvicorn."""
+    """The runtime folder is copied alone into images holding numpy, onnxruntime, uvicorn,
+    orjson and prometheus-client."""
     import ast
     import sys
 
-    allowed = set(sys.stdlib_module_names) | {"numpy", "onnxruntime", "uvicorn"}
+    allowed = set(sys.stdlib_module_names) | {"numpy", "onnxruntime", "uvicorn", "orjson", "prometheus_client"}
     for path in (ROOT / "gpux_pack" / "runtime").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -317,7 +320,7 @@ def test_good_variables_are_taken(tmp_path):
         assert settings(folder, GPUX_REQUIRE_PROVIDER=flag).require_provider is value
     # empty means unset: the config's values, then the runtime's defaults
     s = settings(folder, GPUX_PORT="", GPUX_TIMEOUT="", GPUX_MAX_WORKERS="", GPUX_HOST="", GPUX_PROVIDERS="")
-    assert (s.port, s.timeout, s.max_workers, s.host) == (8080, 30.0, 4, "0.0.0.0")
+    assert (s.port, s.timeout, s.max_workers, s.host) == (8080, 30.0, 1, "0.0.0.0")  # cpu: one worker
 
 
 def test_bad_config_file(tmp_path, monkeypatch):
@@ -477,17 +480,11 @@ def test_info_never_500s_on_odd_metadata(mlp):
     assert info["metadata"] == {"nan": None, "inf": None, "np": 1.5, "set": "{1}", "bytes": "ab", "ok": [1, "a", None]}
 
 
-def test_respond_falls_back_to_plain_json():
-    from gpux_pack.runtime.server import _respond
+def test_answers_fall_back_to_plain_json():
+    from gpux_pack.runtime.tensors import dumps
 
-    sent: list[dict] = []
-
-    async def send(message):
-        sent.append(message)
-
-    asyncio.run(_respond(send, 200, {"a": float("nan"), "b": np.int64(3), "c": object}))
-    assert sent[0]["status"] == 200
-    assert json.loads(sent[1]["body"]) == {"a": None, "b": 3, "c": "<class 'object'>"}
+    body = dumps({"a": float("nan"), "b": np.int64(3), "c": object, "d": np.array([1.5, np.inf], np.float16)})
+    assert json.loads(body) == {"a": None, "b": 3, "c": "<class 'object'>", "d": [1.5, None]}
 
 
 @pytest.fixture
@@ -539,3 +536,84 @@ def test_ir3_initializers_are_not_overridable(tmp_path):
     status, body, _ = client.request("POST", "/predict", {"x": [[0, 0, 0]], "bias": [1, 1, 1]})
     assert status == 400 and body["error"].startswith("unknown input 'bias'")
     assert client.request("POST", "/predict", {"x": [[0, 0, 0]]})[1] == {"y": [[1.0, 2.0, 3.0]]}
+
+
+# -- the binary tensor extension, .npy bodies, budgets -----------------------------------------
+
+def _binary(header: dict, blob: bytes, length: str | None = None):
+    head = json.dumps(header).encode()
+    return head + blob, [(b"inference-header-content-length", (length or str(len(head))).encode())]
+
+
+@pytest.mark.parametrize("header, blob, length, words", [
+    ({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]},
+     b"\0" * 12, None, "binary_data_size 16 does not fit the 12 bytes"),
+    ({"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]},
+     b"\0" * 16, None, "the shape needs 32 bytes of FP32, binary_data_size is 16"),
+    ({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]},
+     b"\0" * 20, None, "4 bytes of binary data that no input claims"),
+    ({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]},
+     b"\0" * 16, "x1", "Inference-Header-Content-Length 'x1'"),
+    ({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4],
+                  "parameters": {"binary_data_size": 0}}]}, b"", None, "both 'data' and binary_data_size"),
+])  # fmt: skip
+def test_binary_requests_name_what_is_wrong(mlp, header, blob, length, words):
+    body, headers = _binary(header, blob, length)
+    status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", body, headers)
+    assert status == 400 and words in answer["error"], answer
+
+
+def test_binary_in_and_out_equal_json(mlp):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    body, headers = _binary({"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32",
+                                         "parameters": {"binary_data_size": 32}}],
+                             "outputs": [{"name": "probs", "parameters": {"binary_data": True}}], "id": "r1"},
+                            x.tobytes())  # fmt: skip
+    sent = mlp.raw("POST", "/v2/models/iris-mlp/infer", body, headers)
+    start, payload = sent[0], sent[1]["body"]
+    hdrs = dict(start["headers"])
+    n = int(hdrs[b"inference-header-content-length"])
+    head = json.loads(payload[:n])
+    assert head["id"] == "r1" and [o["name"] for o in head["outputs"]] == ["probs"]
+    probs = np.frombuffer(payload[n:], np.float32).reshape(head["outputs"][0]["shape"])
+    status, answer, _ = mlp.request("POST", "/predict", {"features": x.tolist()})
+    np.testing.assert_array_equal(probs, np.array(answer["probs"], np.float32))
+
+
+def test_npy_body_on_predict(mlp):
+    import io
+
+    x = np.ones((3, 4), np.float32)
+    buf = io.BytesIO()
+    np.save(buf, x)
+    status, answer, _ = mlp.request("POST", "/predict", buf.getvalue(), [(b"content-type", b"application/x-npy")])
+    assert status == 200 and np.shape(answer["probs"]) == (3, 3)
+    status, answer, _ = mlp.request("POST", "/predict", b"not npy", [(b"content-type", b"application/x-npy")])
+    assert status == 400 and "not a .npy array" in answer["error"]
+
+
+def test_a_request_over_the_tensor_budget_is_413_before_converting(tmp_path):
+    folder = spec_dir(tmp_path, "mlp")
+    app = App(Model.load(settings(folder, GPUX_MAX_REQUEST_BYTES="1000")), "test")
+    app.start_warmup()
+    assert app.ready.wait(10)
+    client = Client(app)
+    status, answer, _ = client.request("POST", "/v2/models/iris-mlp/infer", {"inputs": [
+        {"name": "features", "shape": [1000000, 4], "datatype": "FP32", "data": [1]}]})
+    assert status == 413 and "GPUX_MAX_REQUEST_BYTES" in answer["error"]
+    status, answer, _ = client.request("POST", "/predict", {"features": [[1, 2, 3, 4]] * 100})
+    assert status == 413 and "outputs they imply" in answer["error"]
+
+
+def test_cgroup_limits_size_threads_and_bodies(tmp_path):
+    from gpux_pack.runtime import resources
+
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cpu.max").write_text("150000 100000\n")
+    (root / "memory.max").write_text(str(256 * 1024 * 1024) + "\n")
+    lim = resources.limits(root)
+    assert lim.cpus == min(2, resources.cpus(tmp_path / "none")) and lim.memory == 256 * 1024 * 1024
+    s = Settings.load({"GPUX_CONFIG": str(spec_dir(tmp_path, "mlp") / "gpux.json")}, limits=lim)
+    assert s.max_body_bytes == 16 * 1024 * 1024 and s.max_request_bytes == 32 * 1024 * 1024
+    assert s.max_workers == 1 and s.threads == lim.cpus

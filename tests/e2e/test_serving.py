@@ -1,0 +1,259 @@
+"""Serving against real containers: tritonclient (binary and JSON tensors), batching, bounded
+resources under large and hostile requests, metrics, JSON logs and the SIGTERM drain."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import requests
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import EXAMPLES, build_image, copy_example, serve
+
+pytestmark = pytest.mark.e2e
+
+DATATYPE = {np.float32: "FP32", np.int64: "INT64", np.object_: "BYTES"}
+
+
+def reference(model_path, feeds: dict) -> dict:
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def triton(server):
+    import tritonclient.http as http
+
+    return http, http.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=30)
+
+
+@pytest.fixture(scope="module")
+def strings_image(docker_client, tags):
+    return build_image(EXAMPLES / "strings", tags("strings:cpu"))
+
+
+CASES = {
+    "mlp": lambda rng: {"features": rng.normal(size=(5, 4)).astype(np.float32)},
+    "text-classifier": lambda rng: {"input_ids": rng.integers(0, 1000, (3, 7)).astype(np.int64),
+                                    "attention_mask": np.ones((3, 7), np.int64)},
+    "strings": lambda rng: {"text": np.array(["cat", "dog", "bird", "", "ünïcode"], dtype=object)},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("example", list(CASES))
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_tritonclient_http_equals_onnxruntime(example, binary, mlp_image, text_image, strings_image):
+    image = {"mlp": mlp_image, "text-classifier": text_image, "strings": strings_image}[example]
+    feeds = CASES[example](np.random.default_rng(3))
+    expected = reference(EXAMPLES / example / "model.onnx", feeds)
+    port = 9000 if example == "text-classifier" else 8080
+    with serve(image["tag"], port=port) as server:
+        http, client = triton(server)
+        name = client.get_model_metadata(json.loads(server.get("/info").content)["name"])["name"]
+        inputs = []
+        for key, value in feeds.items():
+            item = http.InferInput(key, list(value.shape), DATATYPE[value.dtype.type])
+            item.set_data_from_numpy(value, binary_data=binary)
+            inputs.append(item)
+        everything = client.infer(name, inputs, request_id="req-7")
+        assert everything.get_response()["id"] == "req-7"
+        for out, value in expected.items():
+            got = everything.as_numpy(out)
+            if value.dtype == object:
+                assert [v.decode() if isinstance(v, bytes) else v for v in got.ravel()] == list(value.ravel())
+            else:
+                np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6)
+        first = list(expected)[0]
+        picked = client.infer(name, inputs, outputs=[http.InferRequestedOutput(first, binary_data=binary)])
+        assert [o["name"] for o in picked.get_response()["outputs"]] == [first]
+        assert ("binary_data_size" in picked.get_response()["outputs"][0].get("parameters", {})) == binary
+
+
+def _batching_project(tmp_path):
+    project = copy_example("mlp", tmp_path)
+    text = (project / "gpux.yml").read_text()
+    (project / "gpux.yml").write_text(text.replace("serving:\n", "serving:\n  batching: {max_batch_size: 32, "
+                                                                  "max_delay_ms: 20}\n"))  # fmt: skip
+    return project
+
+
+def _histogram(metrics: str, name: str) -> dict[str, float]:
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith(name + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[le] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_concurrent_requests_are_batched_with_identical_answers(tmp_path, tags):
+    image = build_image(_batching_project(tmp_path), tags("batched:cpu"))
+    rng = np.random.default_rng(5)
+    bodies = [rng.normal(size=(int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(32)]
+    with serve(image["tag"]) as server:
+        sequential = [server.post("/predict", json={"features": b.tolist()}).json() for b in bodies]
+        before = _histogram(server.get("/metrics").text, "gpux_batch_rows")
+        barrier = threading.Barrier(32)
+
+        def one(body):
+            barrier.wait()
+            return server.post("/predict", json={"features": body.tolist()}).json()
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            concurrent_answers = list(pool.map(one, bodies))
+        after = _histogram(server.get("/metrics").text, "gpux_batch_rows")
+    for a, b in zip(sequential, concurrent_answers):
+        for name in ("logits", "probs"):
+            np.testing.assert_array_equal(np.array(a[name], np.float32), np.array(b[name], np.float32))
+    runs = after["+Inf"] - before["+Inf"]
+    single = after["1.0"] - before["1.0"]
+    assert runs < 32 and runs - single >= 1, (before, after)  # some runs held several requests
+
+
+def _ready_latencies(server, stop: threading.Event) -> list[float]:
+    seen = []
+    while not stop.is_set():
+        started = time.perf_counter()
+        r = requests.get(server.url + "/v2/health/ready", timeout=5)
+        seen.append(time.perf_counter() - started)
+        assert r.status_code == 200
+    return seen
+
+
+def test_a_60_mb_request_neither_stalls_readiness_nor_kills_a_256m_container(mlp_image):
+    rows = 60 * 1024 * 1024 // (4 * 4)
+    body = np.ones((rows, 4), np.float32).tobytes()
+    header = json.dumps({"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(body)}}]}).encode()  # fmt: skip
+    with serve(mlp_image["tag"], mem_limit="256m") as server:
+        for payload, headers in ((header + body, {"Inference-Header-Content-Length": str(len(header))}),
+                                 (b'{"features": [' + b"[1,2,3,4]," * (60 * 1024 * 1024 // 10) + b"[1,2,3,4]]}", {})):
+            stop = threading.Event()
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                probe = pool.submit(_ready_latencies, server, stop)
+                path = "/v2/models/iris-mlp/infer" if headers else "/predict"
+                r = requests.post(server.url + path, data=payload, headers=headers, timeout=120)
+                stop.set()
+                latencies = probe.result()
+            assert r.status_code in (200, 413), r.text[:300]
+            if r.status_code == 413:
+                assert "GPUX_MAX" in r.json()["error"]
+            assert latencies and max(latencies) < 0.1, max(latencies)
+        small = 8 * 1024 * 1024 // 16  # within the budget of a 256 MiB container: served
+        blob = np.ones((small, 4), np.float32).tobytes()
+        head = json.dumps({"inputs": [{"name": "features", "shape": [small, 4], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": len(blob)}}],
+                           "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+        r = requests.post(server.url + "/v2/models/iris-mlp/infer", data=head + blob, timeout=120,
+                          headers={"Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+        assert r.status_code == 200 and int(r.headers["Inference-Header-Content-Length"]) < len(r.content)
+        container = server.container.get_wrapped_container()
+        container.reload()
+        assert container.status == "running" and not container.attrs["State"]["OOMKilled"]
+        assert server.post("/predict", json={"features": [[1, 2, 3, 4]]}).status_code == 200
+
+
+def _memory(container) -> int:
+    """The server process's resident memory (the cgroup's figure also counts the kernel's socket
+    buffers and page cache of 2,400 connections)."""
+    code, out = container.exec_run(["python3", "-c", "print(open('/proc/1/status').read())"])
+    rss = [line for line in out.decode().splitlines() if line.startswith("VmRSS:")]
+    assert code == 0 and rss, out
+    return int(rss[0].split()[1]) * 1024
+
+
+def test_abuse_gets_4xx_503_or_504_never_5xx_and_memory_comes_back(mlp_image):
+    rng = np.random.default_rng(9)
+    good = json.dumps({"features": rng.normal(size=(2, 4)).tolist()}).encode()
+    big = json.dumps({"features": rng.normal(size=(20000, 4)).tolist()}).encode()
+    header = json.dumps({"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 32}}]}).encode()  # fmt: skip
+    mixes = [
+        ("/predict", good, {}), ("/predict", big, {}), ("/predict", b"{oops", {}), ("/predict", b"[" * 5000, {}),
+        ("/predict", b'{"features": [[1, 2]]}', {}), ("/predict", b'{"features": "x"}', {}),
+        ("/v2/models/iris-mlp/infer", header + b"\0" * 32, {"Inference-Header-Content-Length": str(len(header))}),
+        ("/v2/models/iris-mlp/infer", header + b"\0" * 8, {"Inference-Header-Content-Length": str(len(header))}),
+        ("/v2/models/iris-mlp/infer", header, {"Inference-Header-Content-Length": "999999"}),
+        ("/v2/models/nope/infer", good, {}), ("/predict", b"", {}), ("/predict", b"\x00\xff" * 100, {}),
+    ]
+    with serve(mlp_image["tag"], mem_limit="512m", env={"GPUX_TIMEOUT": "2", "MALLOC_ARENA_MAX": "2"}) as server:
+        def one(i):
+            path, payload, headers = mixes[i % len(mixes)]
+            return requests.post(server.url + path, data=payload, headers=headers, timeout=30).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:  # warm up: every path, at this concurrency
+            list(pool.map(one, range(16 * len(mixes))))
+        container = server.container.get_wrapped_container()
+        baseline = _memory(container)
+        statuses: dict[int, int] = {}
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            for code in pool.map(one, range(2400)):
+                statuses[code] = statuses.get(code, 0) + 1
+        assert time.monotonic() - started < 240
+        assert not [c for c in statuses if c >= 500 and c not in (503, 504)], statuses
+        assert statuses.get(200, 0) >= 300, statuses
+        assert server.get("/v2/health/ready").status_code == 200
+        after = _memory(container)
+        assert after <= baseline * 1.2, (baseline, after)
+
+
+def slow_model(path) -> None:
+    """y = x @ w, `steps` times over (a Loop): as slow as the caller asks."""
+    w = numpy_helper.from_array(np.eye(128, dtype=np.float32), "w")
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x_in", "w"], ["x_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, ["batch", 128])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, ["batch", 128])],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["cond"], value=numpy_helper.from_array(np.array(True), "c")),
+         helper.make_node("Loop", ["steps", "cond", "x"], ["y"], body=body)],
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 128]),
+         helper.make_tensor_value_info("steps", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 128])], [w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def test_sigterm_during_a_slow_request_finishes_it_and_exits_zero(tmp_path, tags):
+    project = tmp_path / "slow"
+    project.mkdir()
+    slow_model(project / "model.onnx")
+    (project / "gpux.yml").write_text("name: slow\nversion: 1.0.0\nmodel: {source: ./model.onnx}\n"
+                                      "serving: {timeout: 60}\npack: {warmup: never}\n")  # fmt: skip
+    image = build_image(project, tags("slow:cpu"))
+    x = np.ones((1, 128), np.float32)
+    with serve(image["tag"], env={"GPUX_LOG_FORMAT": "json"}) as server:
+        started = time.perf_counter()
+        assert server.post("/predict", json={"x": x.tolist(), "steps": 20000}).status_code == 200
+        per_step = (time.perf_counter() - started) / 20000
+        steps = int(3.0 / per_step)  # about 3 s
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(server.post, "/predict", json={"x": x.tolist(), "steps": steps})
+            while "gpux_in_flight_bytes 0.0" in server.get("/metrics").text:
+                pass  # until the slow request is in flight
+            container = server.container.get_wrapped_container()
+            killed = time.monotonic()
+            container.kill(signal="SIGTERM")
+            r = answer.result(timeout=30)
+        assert r.status_code == 200 and np.allclose(r.json()["y"], x)
+        code = container.wait(timeout=15)["StatusCode"]
+        assert code == 0 and time.monotonic() - killed < 10
+        lines = container.logs(stdout=False, stderr=True).decode(errors="replace").strip().splitlines()
+        logs = [json.loads(line) for line in lines if line.startswith("{")]
+        assert logs and len(logs) == len(lines), lines[:5]  # every line one JSON object
+        assert any(entry.get("path") == "/predict" and entry.get("status") == 200 for entry in logs)
