@@ -25,7 +25,7 @@ from .metrics import Metrics, route
 from .scheduler import Batching, Overloaded, Scheduler
 from .session import AccuracyError, Model
 from .tensors import (RequestError, TensorSpec, V2Request, decode_predict, decode_v2, dumps, encode_predict, encode_v2,
-                      parse_json, split_binary, to_json)
+                      parse_json, plain_numbers, split_binary, to_json)
 
 log = logging.getLogger("gpux")
 access = logging.getLogger("gpux.access")
@@ -36,6 +36,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 _V2_MODEL = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<rest>/ready|/infer)?$")
 JSON = b"application/json"
 BINARY_HEADER = b"inference-header-content-length"
+INLINE_BYTES = 16 * 1024  # JSON bodies up to this are parsed on the loop: a thread hop costs more
 
 
 @dataclass
@@ -63,6 +64,7 @@ class App:
         cpus = settings.limits.cpus if settings.limits else 2
         self.codec = ThreadPoolExecutor(max_workers=max(2, min(8, cpus)), thread_name_prefix="codec")
         self.batchable = _batchable(model.inputs, model.outputs)
+        self.string_inputs = any(s.dtype == "string" for s in (*model.inputs, *model.overridable))
         batching = None
         if settings.batching:
             if self.batchable:
@@ -237,19 +239,29 @@ class App:
             held += self._hold(extra)
             loop = asyncio.get_running_loop()
             self.scheduler.arrive(1)
-            try:
-                feeds, request = await loop.run_in_executor(self.codec, self._decode, body, headers, v2)
+            try:  # JSON tensors cost time in proportion: off the loop; a small or binary body: here
+                cheap = len(body) <= INLINE_BYTES or (BINARY_HEADER in headers and not self.string_inputs)
+                if not cheap:
+                    feeds, request = await loop.run_in_executor(self.codec, self._decode, body, headers, v2)
+                else:
+                    feeds, request = self._decode(body, headers, v2)
             finally:
                 self.scheduler.arrive(-1)
             del body
             outputs = await self._run(feeds, request.outputs)
+            large = sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES // 4
             if not v2:
-                return Response(200, await loop.run_in_executor(self.codec, encode_predict, outputs))
+                if large:
+                    return Response(200, await loop.run_in_executor(self.codec, encode_predict, outputs))
+                return Response(200, encode_predict(outputs))
             head = {"model_name": self.model.spec["name"], "model_version": self.model.spec["version"]}
             if request.id is not None:
                 head["id"] = request.id
-            payload, header_length = await loop.run_in_executor(self.codec, encode_v2, outputs, self.outputs,
-                                                                request, head)  # fmt: skip
+            if large and not request.binary_default and not request.binary:
+                payload, header_length = await loop.run_in_executor(self.codec, encode_v2, outputs, self.outputs,
+                                                                    request, head)  # fmt: skip
+            else:
+                payload, header_length = encode_v2(outputs, self.outputs, request, head)
             if header_length is None:
                 return Response(200, payload)
             return Response(200, payload, b"application/octet-stream", [(BINARY_HEADER, str(header_length).encode())])
@@ -303,11 +315,14 @@ class App:
                 raise RequestError("empty body; expected a JSON infer request")
             length = headers.get(BINARY_HEADER)
             header, blobs = split_binary(body, length.decode("latin-1") if length is not None else None)
-            feeds, request = decode_v2(header, model.inputs, model.outputs, model.overridable, blobs, budget)
+            fast = length is None and plain_numbers(body, header, v2=True)
+            feeds, request = decode_v2(header, model.inputs, model.outputs, model.overridable, blobs, budget, fast)
         else:
             if not body.strip():
                 raise RequestError("empty body; expected JSON")
-            feeds, request = decode_predict(parse_json(body), model.inputs, model.overridable), V2Request()
+            parsed = parse_json(body)
+            feeds = decode_predict(parsed, model.inputs, model.overridable, plain_numbers(body, parsed, v2=False))
+            request = V2Request()
         needed = sum(a.nbytes for a in feeds.values()) + _output_bytes(model.inputs, model.outputs, feeds,
                                                                        request.outputs)  # fmt: skip
         if needed > budget:

@@ -1,0 +1,232 @@
+"""Serving latency and throughput against in-process onnxruntime (issue 9).
+
+    python bench/serve_bench.py [--base-image IMG] [--requests 400] [--rounds 3]
+
+A deep thin conv model (input [batch, 3, 64, 64] float32, dynamic batch) is built twice: without
+and with dynamic batching (max 8 rows, 2 ms). Over keep-alive HTTP/1.1 connections on
+127.0.0.1, one connection per client thread, it measures p50, p99 and throughput at
+concurrency 1 and 8 for
+  /predict JSON    {"x": nested list}                       (85 kB body)
+  v2 JSON          KServe v2 infer, JSON data
+  v2 binary        KServe v2 infer, binary_data input and output (49 kB body)
+next to session.run of the same input in this process (same intra-op threads as the
+container), and stdlib json.loads of the /predict body. Targets: v2 binary adds <= 1.0 ms over
+in-process at p50; /predict JSON adds <= 0.5x json.loads of its body; batching >= 1.5x
+throughput at concurrency 8. Rounds are interleaved (in-process included); the best round's
+p50 and throughput are kept (the machine is shared). Writes bench/results-serve.json. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import docker
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def conv_model(path: Path) -> None:
+    """A deep thin CNN: two stride-2 3x3 convs to 16x16, forty 3x3 convs of 8 channels, global
+    average pool, a 10-way Gemm: about 1 ms per image here, many small kernels per run (the case
+    batching exists for on CPUs)."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev, cin = [], [], "x", 3
+    for i, (cout, stride) in enumerate([(8, 2), (8, 2)] + [(8, 1)] * 40):
+        inits += [numpy_helper.from_array((rng.normal(size=(cout, cin, 3, 3)) * 0.3).astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array(np.zeros(cout, np.float32), f"b{i}")]  # fmt: skip
+        nodes += [helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1], strides=[stride] * 2),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]  # fmt: skip
+        prev, cin = f"r{i}", cout
+    inits += [numpy_helper.from_array((rng.normal(size=(cin, 10)) * 0.3).astype(np.float32), "wf"),
+              numpy_helper.from_array(np.zeros(10, np.float32), "bf")]  # fmt: skip
+    nodes += [helper.make_node("GlobalAveragePool", [prev], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+              helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 64, 64])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def project(folder: Path, batching: bool) -> Path:
+    folder.mkdir(parents=True)
+    conv_model(folder / "model.onnx")
+    serving = "serving:\n  batching: {max_batch_size: 8, max_delay_ms: 2}\n" if batching else ""
+    (folder / "gpux.yml").write_text(f"name: conv\nversion: 1.0.0\nmodel: {{source: ./model.onnx}}\n{serving}")
+    return folder
+
+
+def build(path: Path, base: str, tag: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gpux_pack", "build", str(path), "--base-image", base, "--tag", tag,
+                           "--json"], capture_output=True, text=True)  # fmt: skip
+    if proc.returncode:
+        sys.exit(f"build failed:\n{proc.stderr[-2000:]}")
+
+
+def bodies(x: np.ndarray) -> dict[str, tuple[str, bytes, dict[str, str]]]:
+    predict = json.dumps({"x": x.tolist()}).encode()
+    v2_json = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                      "data": x.ravel().tolist()}]}).encode()  # fmt: skip
+    head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}}],
+                       "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+    return {
+        "/predict JSON": ("/predict", predict, {"Content-Type": "application/json"}),
+        "v2 JSON": ("/v2/models/conv/infer", v2_json, {"Content-Type": "application/json"}),
+        "v2 binary": ("/v2/models/conv/infer", head + x.tobytes(),
+                      {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}),
+    }  # fmt: skip
+
+
+def load(port: int, path: str, body: bytes, headers: dict[str, str], concurrency: int, total: int) -> dict:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    per = total // concurrency
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        mine = []
+        for _ in range(per):
+            started = time.perf_counter()
+            conn.request("POST", path, body, headers)
+            r = conn.getresponse()
+            r.read()
+            mine.append(time.perf_counter() - started)
+            if r.status != 200:
+                raise SystemExit(f"{path}: HTTP {r.status}")
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - started
+    latencies.sort()
+    return {"p50_ms": 1000 * latencies[len(latencies) // 2], "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
+            "rps": len(latencies) / seconds}  # fmt: skip
+
+
+def start(client, tag: str) -> tuple[object, int]:
+    container = client.containers.run(tag, detach=True, ports={"8080/tcp": ("127.0.0.1", None)},
+                                      labels={"io.gpux.pack.role": "bench"})  # fmt: skip
+    container.reload()
+    port = int(container.attrs["NetworkSettings"]["Ports"]["8080/tcp"][0]["HostPort"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/v2/health/ready")
+            if conn.getresponse().status == 200:
+                return container, port
+        except OSError:
+            pass
+        time.sleep(0.05)
+    sys.exit(f"{tag} never became ready:\n{container.logs().decode(errors='replace')[-2000:]}")
+
+
+def in_process(model: bytes, x: np.ndarray, threads: int, runs: int = 300) -> float:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.enable_cpu_mem_arena = False
+    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    for _ in range(20):
+        session.run(None, {"x": x})
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        session.run(None, {"x": x})
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def json_loads_ms(body: bytes, runs: int = 50) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        json.loads(body)
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-image", default="gpux-pack/debian-python:bookworm")
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    client = docker.from_env()
+    x = np.random.default_rng(1).normal(size=(1, 3, 64, 64)).astype(np.float32)
+    cases = bodies(x)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain, batched = project(Path(tmp) / "plain", False), project(Path(tmp) / "batched", True)
+        build(plain, args.base_image, "gpux-bench/serve:plain")
+        build(batched, args.base_image, "gpux-bench/serve:batched")
+        threads = len(__import__("os").sched_getaffinity(0))
+        model_bytes = (plain / "model.onnx").read_bytes()
+    loads_ms = json_loads_ms(cases["/predict JSON"][1])
+    best: dict[tuple[str, str, int], dict] = {}
+    reference_ms = float("inf")
+    try:
+        for _ in range(args.rounds):
+            reference_ms = min(reference_ms, in_process(model_bytes, x, threads))
+            for image in ("plain", "batched"):
+                container, port = start(client, f"gpux-bench/serve:{image}")
+                try:
+                    for name, (path, body, headers) in cases.items():
+                        if image == "batched" and name != "v2 binary" and name != "/predict JSON":
+                            continue
+                        load(port, path, body, headers, 1, 50)  # warm the connection path
+                        for c in (1, 8):
+                            r = load(port, path, body, headers, c, args.requests if c == 1 else 4 * args.requests)
+                            key = (image, name, c)
+                            if key not in best or r["p50_ms"] < best[key]["p50_ms"]:
+                                best[key] = {**r, "rps": max(r["rps"], best.get(key, {}).get("rps", 0))}
+                finally:
+                    container.remove(force=True)
+    finally:
+        for tag in ("gpux-bench/serve:plain", "gpux-bench/serve:batched"):
+            client.images.remove(tag, force=True)
+    rows = [{"image": i, "endpoint": n, "concurrency": c, **{k: round(v, 3) for k, v in r.items()}}
+            for (i, n, c), r in best.items()]  # fmt: skip
+    print(f"in-process session.run p50: {reference_ms:.3f} ms ({threads} intra-op threads); "
+          f"stdlib json.loads of the /predict body: {loads_ms:.3f} ms")
+    print("| image | endpoint | c | p50 | p99 | req/s | p50 over in-process |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['image']} | {r['endpoint']} | {r['concurrency']} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | "
+              f"{r['rps']:.0f} | {r['p50_ms'] - reference_ms:+.2f} ms |")
+    binary = best[("plain", "v2 binary", 1)]["p50_ms"] - reference_ms
+    predict = best[("plain", "/predict JSON", 1)]["p50_ms"] - reference_ms
+    gain = best[("batched", "v2 binary", 8)]["rps"] / best[("plain", "v2 binary", 8)]["rps"]
+    gain_json = best[("batched", "/predict JSON", 8)]["rps"] / best[("plain", "/predict JSON", 8)]["rps"]
+    targets = {
+        "v2_binary_over_in_process_ms": round(binary, 3), "target_v2_binary_ms": 1.0,
+        "predict_json_over_in_process_ms": round(predict, 3), "json_loads_ms": round(loads_ms, 3),
+        "predict_json_vs_json_loads": round(predict / loads_ms, 3), "target_predict_json_vs_json_loads": 0.5,
+        "batching_throughput_gain_c8_binary": round(gain, 3), "batching_throughput_gain_c8_json": round(gain_json, 3),
+        "target_batching_gain": 1.5, "in_process_ms": round(reference_ms, 3),
+    }  # fmt: skip
+    print(json.dumps(targets, indent=2))
+    (ROOT / "bench" / "results-serve.json").write_text(json.dumps({"rows": rows, "targets": targets}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
