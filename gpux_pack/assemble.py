@@ -120,11 +120,11 @@ def runtime_config(parent: dict[str, Any], image: ImageConfig, labels: dict[str,
     return config
 
 
-def model_config(parent: dict[str, Any], port: int | None, labels: dict[str, str]) -> dict[str, Any]:
+def model_config(parent: dict[str, Any], ports: tuple[int, ...], labels: dict[str, str]) -> dict[str, Any]:
     config = dict(parent.get("Config") or {})
     config.pop("Image", None)
-    if port:
-        config["ExposedPorts"] = {**(config.get("ExposedPorts") or {}), f"{port}/tcp": {}}
+    if ports:
+        config["ExposedPorts"] = {**(config.get("ExposedPorts") or {}), **{f"{p}/tcp": {} for p in ports}}
     config["Labels"] = {**(config.get("Labels") or {}), **labels}
     return config
 

@@ -116,9 +116,9 @@ def _assemble_model(client: Any, prepared: Any, ui: Reporter, uname: bytes, tag:
     ort = (plan.lock.version_of(plan.provider.ort) if plan.lock else None) or "unknown"
     image = assemble.Image(
         tag=plan.tag if tag else None, parent=parent, parent_history=history, layers=new,
-        config=assemble.model_config(parent, plan.port, planning.labels(plan, ort)),
+        config=assemble.model_config(parent, plan.ports, planning.labels(plan, ort)),
         history=[(f"{ASSEMBLED}{text}", empty) for text, empty in
-                 [(f"EXPOSE {plan.port}", True), *((layer.created_by, False) for layer in new),
+                 [("EXPOSE " + " ".join(map(str, plan.ports)), True), *((layer.created_by, False) for layer in new),
                   ("LABEL (the model image's labels)", True)]],
         created=plan.created,
     )  # fmt: skip

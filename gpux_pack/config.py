@@ -256,8 +256,16 @@ class ServingSection(_Section):
     host: str = Field("0.0.0.0", description="Address the server binds: an IPv4/IPv6 address or localhost")
     batch_size: int = Field(1, ge=1, le=65536, description="GPUX's: above 1, dynamic batching up to this many rows")
     batching: BatchingSection | None = None
+    grpc_port: int | None = Field(None, ge=1, le=65535, description="Also serve KServe v2 over gRPC on this port "
+                                                                     "(adds grpcio to the image)")
     timeout: Seconds = 5
     max_workers: int = Field(4, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _two_ports(self) -> "ServingSection":
+        if self.grpc_port is not None and self.grpc_port == self.port:
+            raise ValueError(f"grpc_port {self.grpc_port} is also the HTTP port; choose another")
+        return self
 
     @field_validator("host")
     @classmethod

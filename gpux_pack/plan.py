@@ -26,6 +26,7 @@ SITE = f"{APP_DIR}/site-packages"  # the packages installed on the host
 CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by USER, so a volume mounted there is writable
 BAKED_DIR = f"{APP_DIR}/warm"  # caches `gpux-pack warmup` bakes in (the runtime's warm.BAKED_DIR)
 PYTHON = "python3"  # the base image's own interpreter, found on PATH
+GRPC_REQUIREMENTS = ("grpcio>=1.60", "protobuf>=4.25")  # with serving.grpc_port (onnxruntime brings protobuf)
 USER = "10001:10001"  # numeric: works on any base, needs no useradd in the final stage
 DEFAULT_TAG = "{name}:{version}-{provider}"
 
@@ -102,11 +103,18 @@ class Plan:
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        return (*self.provider.requirements(self.nvidia_libs), *self.project.config.pack.requirements)
+        grpc = GRPC_REQUIREMENTS if self.project.config.serving.grpc_port else ()
+        return (*self.provider.requirements(self.nvidia_libs), *grpc, *self.project.config.pack.requirements)
 
     @property
     def port(self) -> int:
         return self.project.config.serving.port
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """What the image EXPOSEs: HTTP, and gRPC when serving.grpc_port is set."""
+        grpc = self.project.config.serving.grpc_port
+        return (self.port, grpc) if grpc else (self.port,)
 
 
 def choose_base(project: Project, provider: Provider, options: Options) -> BaseImage:
@@ -297,6 +305,7 @@ def labels(plan: Plan, ort_version: str) -> dict[str, str]:
         "io.gpux.pack.version": __version__,
         "io.gpux.warmup": plan.warmup,
         "io.gpux.port": str(plan.port),
+        **({"io.gpux.grpc_port": str(cfg.serving.grpc_port)} if cfg.serving.grpc_port else {}),
     }
     for key, value in cfg.pack.labels.items():
         out.setdefault(key, value)  # user labels never override the contract's
@@ -384,6 +393,7 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
             "max_workers": cfg.serving.max_workers,
             "timeout": cfg.serving.timeout,
             "batching": batching(cfg),
+            "grpc_port": cfg.serving.grpc_port,
         },
         "metadata": cfg.metadata,
         "pack_version": __version__,

@@ -164,7 +164,7 @@ def dockerfile(plan: Plan, part: str = "model") -> str:
         system_packages=plan.base.packages(),
         link_check=link_check_command(plan.provider) if plan.link_check == "image" else None,
         host_check=plan.link_check == "host",
-        port=plan.port,
+        ports=plan.ports,
         labels=planning.labels(plan, ort_version),
     )
 
@@ -183,7 +183,7 @@ def runtime_dockerfile(provider: Provider, base: BaseImage, link_check: str = "h
         system_packages=base.packages(),
         link_check=link_check_command(provider) if link_check == "image" else None,
         host_check=link_check == "host",
-        port=None,
+        ports=(),
         labels=runtime_labels(provider, base),
     )
 

@@ -105,14 +105,15 @@ class Served:
 
 
 @contextmanager
-def serve(image: str, port: int = 8080, ready: bool = True, **kwargs):
+def serve(image: str, port: int = 8080, ready: bool = True, extra_ports: tuple[int, ...] = (), **kwargs):
     """Start the image with testcontainers; wait until /v2/health/ready answers 200."""
     from testcontainers.core.container import DockerContainer
 
     tmpfs = kwargs.pop("tmpfs", {})
     container = DockerContainer(image, **kwargs)
     container.tmpfs.update(tmpfs)
-    container.ports[f"{port}/tcp"] = ("127.0.0.1", None)  # published on loopback only
+    for published in (port, *extra_ports):
+        container.ports[f"{published}/tcp"] = ("127.0.0.1", None)  # published on loopback only
     container.start()
     try:
         host = container.get_container_host_ip()

@@ -59,6 +59,7 @@ class App:
         self.pack_version = pack_version
         self.outputs = {o.name: o for o in model.outputs}
         self.server: Any = None  # uvicorn's: its should_exit is the drain, and warmup can stop it
+        self.grpc: Any = None  # the grpc.aio server, when serving.grpc_port is set
         self.failed: str | None = None
         self.metrics = Metrics()
         cpus = settings.limits.cpus if settings.limits else 2
@@ -148,9 +149,21 @@ class App:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                settings = self.model.settings
+                if settings.grpc_port:
+                    from . import grpc_v2
+
+                    try:
+                        self.grpc = await grpc_v2.start(self, settings.grpc_port, settings.host)
+                    except Exception as e:  # a port in use: say so, do not serve half
+                        await send({"type": "lifespan.startup.failed",
+                                    "message": f"cannot serve gRPC on port {settings.grpc_port}: {e}"})  # fmt: skip
+                        return
                 self.start_warmup()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self.grpc is not None:
+                    await self.grpc.stop(self.model.settings.drain_seconds)
                 self.scheduler.close()
                 await asyncio.get_running_loop().run_in_executor(None, self.scheduler.join, 2.0)
                 self.codec.shutdown(wait=False)

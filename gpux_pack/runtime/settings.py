@@ -68,6 +68,7 @@ class Settings:
     drain_seconds: float = 8.0  # SIGTERM: time in-flight requests get to finish (docker stop waits 10 s)
     batching: tuple[int, float] | None = None  # (max_batch_size, max_delay_ms)
     limits: Any = None  # resources.Limits: what the cgroup gives
+    grpc_port: int | None = None  # KServe v2 gRPC (serving.grpc_port; the image then has grpcio)
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, limits: Any = None) -> "Settings":
@@ -126,6 +127,7 @@ class Settings:
             drain_seconds=drain or 8.0,
             batching=batch,
             limits=lim,
+            grpc_port=int(serving["grpc_port"]) if serving.get("grpc_port") else None,
         )
 
 

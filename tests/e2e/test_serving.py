@@ -34,6 +34,25 @@ def triton(server):
     return http, http.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=30)
 
 
+def _inputs(module, feeds: dict, **kw) -> list:
+    """tritonclient InferInputs (http or grpc) of numpy feeds."""
+    out = []
+    for key, value in feeds.items():
+        item = module.InferInput(key, list(value.shape), DATATYPE[value.dtype.type])
+        item.set_data_from_numpy(value, **kw)
+        out.append(item)
+    return out
+
+
+def _same(result, expected: dict) -> None:
+    for out, value in expected.items():
+        got = result.as_numpy(out)
+        if value.dtype == object:
+            assert [v.decode() if isinstance(v, bytes) else v for v in got.ravel()] == list(value.ravel())
+        else:
+            np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def strings_image(docker_client, tags):
     return build_image(EXAMPLES / "strings", tags("strings:cpu"))
@@ -57,19 +76,10 @@ def test_tritonclient_http_equals_onnxruntime(example, binary, mlp_image, text_i
     with serve(image["tag"], port=port) as server:
         http, client = triton(server)
         name = client.get_model_metadata(json.loads(server.get("/info").content)["name"])["name"]
-        inputs = []
-        for key, value in feeds.items():
-            item = http.InferInput(key, list(value.shape), DATATYPE[value.dtype.type])
-            item.set_data_from_numpy(value, binary_data=binary)
-            inputs.append(item)
+        inputs = _inputs(http, feeds, binary_data=binary)
         everything = client.infer(name, inputs, request_id="req-7")
         assert everything.get_response()["id"] == "req-7"
-        for out, value in expected.items():
-            got = everything.as_numpy(out)
-            if value.dtype == object:
-                assert [v.decode() if isinstance(v, bytes) else v for v in got.ravel()] == list(value.ravel())
-            else:
-                np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6)
+        _same(everything, expected)
         first = list(expected)[0]
         picked = client.infer(name, inputs, outputs=[http.InferRequestedOutput(first, binary_data=binary)])
         assert [o["name"] for o in picked.get_response()["outputs"]] == [first]
@@ -257,3 +267,59 @@ def test_sigterm_during_a_slow_request_finishes_it_and_exits_zero(tmp_path, tags
         logs = [json.loads(line) for line in lines if line.startswith("{")]
         assert logs and len(logs) == len(lines), lines[:5]  # every line one JSON object
         assert any(entry.get("path") == "/predict" and entry.get("status") == 200 for entry in logs)
+
+
+def _with_grpc(example: str, tmp_path):
+    project = copy_example(example, tmp_path)
+    text = (project / "gpux.yml").read_text()
+    if "\nserving:\n" in text:
+        text = text.replace("\nserving:\n", "\nserving:\n  grpc_port: 8001\n")
+    else:
+        text += "\nserving:\n  grpc_port: 8001\n"
+    (project / "gpux.yml").write_text(text)
+    return project
+
+
+@pytest.fixture(scope="module")
+def grpc_images(docker_client, tags, tmp_path_factory):
+    return {example: build_image(_with_grpc(example, tmp_path_factory.mktemp(example)), tags(f"grpc-{example}:cpu"))
+            for example in CASES}  # fmt: skip
+
+
+def test_grpc_is_off_by_default_and_adds_only_grpcio_when_on(mlp_image, grpc_images, docker_client):
+    plain, grpc = docker_client.images.get(mlp_image["tag"]), docker_client.images.get(grpc_images["mlp"]["tag"])
+    assert set(plain.attrs["Config"]["ExposedPorts"]) == {"8080/tcp"}
+    assert set(grpc.attrs["Config"]["ExposedPorts"]) == {"8080/tcp", "8001/tcp"}
+    assert grpc.labels["io.gpux.grpc_port"] == "8001" and "io.gpux.grpc_port" not in plain.labels
+    probe = "import importlib.util as u; print(bool(u.find_spec('grpc')))"  # protobuf comes with onnxruntime
+    assert docker_client.containers.run(plain.id, entrypoint=["python3", "-c", probe], remove=True).strip() == b"False"
+    assert docker_client.containers.run(grpc.id, entrypoint=["python3", "-c", probe], remove=True).strip() == b"True"
+    grown = (grpc.attrs["Size"] - plain.attrs["Size"]) / 1e6
+    assert 0 < grown < 40, grown
+
+
+@pytest.mark.parametrize("example", list(CASES))
+def test_tritonclient_grpc_equals_onnxruntime(example, grpc_images):
+    import tritonclient.grpc as tgrpc
+
+    feeds = CASES[example](np.random.default_rng(4))
+    expected = reference(EXAMPLES / example / "model.onnx", feeds)
+    port = 9000 if example == "text-classifier" else 8080
+    with serve(grpc_images[example]["tag"], port=port, extra_ports=(8001,)) as server:
+        grpc_port = server.container.get_exposed_port(8001)
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        name = json.loads(server.get("/info").content)["name"]
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(name)
+        meta = client.get_model_metadata(name, as_json=True)
+        assert [i["name"] for i in meta["inputs"]] == list(feeds)
+        inputs = _inputs(tgrpc, feeds)
+        result = client.infer(name, inputs, request_id="g-1")
+        assert result.get_response().id == "g-1"
+        _same(result, expected)
+        first = list(expected)[0]
+        picked = client.infer(name, inputs, outputs=[tgrpc.InferRequestedOutput(first)])
+        assert [o.name for o in picked.get_response().outputs] == [first]
+        from tritonclient.utils import InferenceServerException
+
+        with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+            client.infer("nope", inputs)

@@ -221,7 +221,8 @@ def test_runtime_imports_only_its_own_libraries():
     import ast
     import sys
 
-    allowed = set(sys.stdlib_module_names) | {"numpy", "onnxruntime", "uvicorn", "orjson", "prometheus_client"}
+    allowed = set(sys.stdlib_module_names) | {"numpy", "onnxruntime", "uvicorn", "orjson", "prometheus_client",
+                                              "grpc", "google"}  # the last two only with serving.grpc_port
     for path in (ROOT / "gpux_pack" / "runtime").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -603,3 +604,25 @@ def test_numbers_as_text_are_still_refused(mlp, body, words):
     status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", {"inputs": [
         {"name": "features", "shape": [1, 4], "datatype": "FP32", "data": body["features"][0]}]})
     assert status == 400 and words in answer["error"], answer
+
+
+def test_grpc_messages_match_tritonclients():
+    """Field names, numbers, types and oneofs of every message, as tritonclient.grpc has them."""
+    from tritonclient.grpc import service_pb2
+
+    from gpux_pack.runtime import grpc_v2
+
+    def fields(d):
+        out = {f.name: (f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else None,
+                        f.containing_oneof.name if f.containing_oneof else None) for f in d.fields}  # fmt: skip
+        out.update({f"nested {n.name}": fields(n) for n in d.nested_types})
+        return out
+
+    theirs = service_pb2.DESCRIPTOR
+    for name, cls in grpc_v2.message_classes().items():
+        ours, expected = fields(cls.DESCRIPTOR), fields(theirs.message_types_by_name[name])
+        assert {k: v for k, v in expected.items() if k in ours} == ours, name
+    service = theirs.services_by_name["GRPCInferenceService"]
+    for method, (request, response) in grpc_v2.METHODS.items():
+        m = service.methods_by_name[method]
+        assert (m.input_type.name, m.output_type.name) == (request, response)

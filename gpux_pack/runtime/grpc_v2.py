@@ -1,0 +1,291 @@
+"""KServe v2 / Open Inference Protocol over gRPC (`serving.grpc_port`), so `tritonclient.grpc`
+works: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer of the
+`inference.GRPCInferenceService` service.
+
+The messages are described here as data (names, field numbers and types of the protocol's
+`grpc_predict_v2.proto`, which Triton's `grpc_service.proto` extends) and built at start with
+protobuf's descriptor API: no protoc step, no generated files. A test compares every field
+with tritonclient's own descriptors. grpcio and protobuf are in the image only when the port
+is set. Inference goes through the HTTP server's scheduler and budgets: same queue, same
+batching, same limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DTYPES
+from .tensors import RequestError, check_shape, from_binary, to_binary
+
+PACKAGE = "inference"
+SERVICE = "GRPCInferenceService"
+
+_PARAMS = ("parameters", "map:InferParameter")
+_TENSOR = [("name", 1, "string"), ("datatype", 2, "string"), ("shape", 3, "repeated int64")]
+# message -> [(field, number, type)]; "map:T" is map<string, T>; nested messages as (name, fields)
+MESSAGES: dict[str, list] = {
+    "ServerLiveRequest": [], "ServerLiveResponse": [("live", 1, "bool")],
+    "ServerReadyRequest": [], "ServerReadyResponse": [("ready", 1, "bool")],
+    "ModelReadyRequest": [("name", 1, "string"), ("version", 2, "string")],
+    "ModelReadyResponse": [("ready", 1, "bool")],
+    "ServerMetadataRequest": [],
+    "ServerMetadataResponse": [("name", 1, "string"), ("version", 2, "string"), ("extensions", 3, "repeated string")],
+    "ModelMetadataRequest": [("name", 1, "string"), ("version", 2, "string")],
+    "ModelMetadataResponse": [
+        ("TensorMetadata", _TENSOR),
+        ("name", 1, "string"), ("versions", 2, "repeated string"), ("platform", 3, "string"),
+        ("inputs", 4, "repeated ModelMetadataResponse.TensorMetadata"),
+        ("outputs", 5, "repeated ModelMetadataResponse.TensorMetadata"),
+    ],
+    "InferParameter": [("bool_param", 1, "oneof bool"), ("int64_param", 2, "oneof int64"),
+                       ("string_param", 3, "oneof string"), ("double_param", 4, "oneof double"),
+                       ("uint64_param", 5, "oneof uint64")],
+    "InferTensorContents": [
+        ("bool_contents", 1, "repeated bool"), ("int_contents", 2, "repeated int32"),
+        ("int64_contents", 3, "repeated int64"), ("uint_contents", 4, "repeated uint32"),
+        ("uint64_contents", 5, "repeated uint64"), ("fp32_contents", 6, "repeated float"),
+        ("fp64_contents", 7, "repeated double"), ("bytes_contents", 8, "repeated bytes"),
+    ],
+    "ModelInferRequest": [
+        ("InferInputTensor", [*_TENSOR, (_PARAMS[0], 4, _PARAMS[1]), ("contents", 5, "InferTensorContents")]),
+        ("InferRequestedOutputTensor", [("name", 1, "string"), (_PARAMS[0], 2, _PARAMS[1])]),
+        ("model_name", 1, "string"), ("model_version", 2, "string"), ("id", 3, "string"),
+        (_PARAMS[0], 4, _PARAMS[1]), ("inputs", 5, "repeated ModelInferRequest.InferInputTensor"),
+        ("outputs", 6, "repeated ModelInferRequest.InferRequestedOutputTensor"),
+        ("raw_input_contents", 7, "repeated bytes"),
+    ],
+    "ModelInferResponse": [
+        ("InferOutputTensor", [*_TENSOR, (_PARAMS[0], 4, _PARAMS[1]), ("contents", 5, "InferTensorContents")]),
+        ("model_name", 1, "string"), ("model_version", 2, "string"), ("id", 3, "string"),
+        (_PARAMS[0], 4, _PARAMS[1]), ("outputs", 5, "repeated ModelInferResponse.InferOutputTensor"),
+        ("raw_output_contents", 6, "repeated bytes"),
+    ],
+}  # fmt: skip
+METHODS = {name: (f"{name}Request", f"{name}Response")
+           for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")}
+# the typed contents field of each datatype, for requests that send contents instead of raw bytes
+CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+            "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+            "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+            "BYTES": "bytes_contents"}  # fmt: skip
+
+
+def file_descriptor() -> Any:
+    from google.protobuf import descriptor_pb2
+
+    scalar = {"bool": 8, "int64": 3, "string": 9, "double": 1, "uint64": 4, "int32": 5, "uint32": 13, "float": 2,
+              "bytes": 12}  # fmt: skip
+    F = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(name="gpux_grpc_predict_v2.proto", package=PACKAGE, syntax="proto3")
+
+    def fill(msg: Any, path: str, fields: list) -> None:
+        oneof = None
+        for item in fields:
+            if len(item) == 2:  # a nested message
+                fill(msg.nested_type.add(name=item[0]), f"{path}.{item[0]}", item[1])
+                continue
+            name, number, kind = item
+            field = msg.field.add(name=name, number=number, json_name=_camel(name))
+            field.label = F.LABEL_OPTIONAL
+            if kind.startswith("repeated "):
+                field.label, kind = F.LABEL_REPEATED, kind[len("repeated "):]
+            if kind.startswith("oneof "):
+                if oneof is None:
+                    msg.oneof_decl.add(name="parameter_choice")
+                    oneof = 0
+                field.oneof_index, kind = oneof, kind[len("oneof "):]
+            if kind.startswith("map:"):
+                entry = msg.nested_type.add(name=_camel(name, upper=True) + "Entry")
+                entry.options.map_entry = True
+                entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, json_name="key")
+                entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, json_name="value",
+                                type_name=f".{PACKAGE}.{kind[4:]}")  # fmt: skip
+                field.label, field.type = F.LABEL_REPEATED, F.TYPE_MESSAGE
+                field.type_name = f".{path}.{entry.name}"
+            elif kind in scalar:
+                field.type = scalar[kind]
+            else:
+                field.type, field.type_name = F.TYPE_MESSAGE, f".{PACKAGE}.{kind}"
+
+    for name, fields in MESSAGES.items():
+        fill(fd.message_type.add(name=name), f"{PACKAGE}.{name}", fields)
+    service = fd.service.add(name=SERVICE)
+    for method, (request, response) in METHODS.items():
+        service.method.add(name=method, input_type=f".{PACKAGE}.{request}", output_type=f".{PACKAGE}.{response}")
+    return fd
+
+
+def _camel(name: str, upper: bool = False) -> str:
+    parts = name.split("_")
+    text = parts[0] + "".join(p.title() for p in parts[1:])
+    return text[:1].upper() + text[1:] if upper else text
+
+
+def message_classes() -> dict[str, Any]:
+    from google.protobuf import descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    file = pool.Add(file_descriptor())
+    del file
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in MESSAGES}
+
+
+# ---------------------------------------------------------------------------------------------
+# the server
+
+
+async def start(app: Any, port: int, host: str) -> Any:
+    """A grpc.aio server on the running loop, answering from `app` (server.App)."""
+    import grpc
+
+    m = message_classes()
+    model = app.model
+    name, version = model.spec["name"], model.spec["version"]
+    status = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED,
+              413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE,
+              504: grpc.StatusCode.DEADLINE_EXCEEDED}  # fmt: skip
+
+    def check_model(request: Any) -> None:
+        infer = request.DESCRIPTOR.name == "ModelInferRequest"
+        asked = request.model_name if infer else request.name
+        if asked != name:
+            raise RequestError(f"unknown model '{asked}'; this server serves '{name}'", 404)
+        asked_version = request.model_version if infer else request.version
+        if asked_version and asked_version != version:
+            raise RequestError(f"unknown version '{asked_version}' of '{name}'; it has '{version}'", 404)
+
+    async def live(request: Any, context: Any) -> Any:
+        return m["ServerLiveResponse"](live=True)
+
+    async def ready(request: Any, context: Any) -> Any:
+        return m["ServerReadyResponse"](ready=app.is_ready())
+
+    async def model_ready(request: Any, context: Any) -> Any:
+        return await guarded(context, lambda: (check_model(request), m["ModelReadyResponse"](ready=app.is_ready()))[1])
+
+    async def server_metadata(request: Any, context: Any) -> Any:
+        return m["ServerMetadataResponse"](name="gpux", version=app.pack_version, extensions=[])
+
+    async def model_metadata(request: Any, context: Any) -> Any:
+        def answer() -> Any:
+            check_model(request)
+            meta = app._metadata()
+            out = m["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"], platform=meta["platform"])
+            for key in ("inputs", "outputs"):
+                for t in meta[key]:
+                    getattr(out, key).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+            return out
+
+        return await guarded(context, answer)
+
+    async def infer(request: Any, context: Any) -> Any:
+        async def answer() -> Any:
+            check_model(request)
+            if not app.is_ready():
+                raise RequestError(f"the model is {app._state()}; retry when ServerReady is true", 503)
+            held = app._hold(request.ByteSize())
+            try:
+                feeds, names = decode(request, model, app.model.settings.max_request_bytes)
+                outputs = await app._run(feeds, names)
+                return encode(m["ModelInferResponse"], outputs, app.outputs, name, version, request.id)
+            finally:
+                app._release(held)
+
+        return await guarded(context, answer)
+
+    async def guarded(context: Any, fn: Any) -> Any:
+        try:
+            result = fn()
+            return await result if asyncio.iscoroutine(result) else result
+        except RequestError as e:
+            await context.abort(status.get(e.status, grpc.StatusCode.INVALID_ARGUMENT), str(e))
+
+    handlers = {
+        "ServerLive": live, "ServerReady": ready, "ModelReady": model_ready, "ServerMetadata": server_metadata,
+        "ModelMetadata": model_metadata, "ModelInfer": infer,
+    }  # fmt: skip
+    rpcs = {
+        method: grpc.unary_unary_rpc_method_handler(
+            handlers[method], request_deserializer=m[request].FromString,
+            response_serializer=m[response].SerializeToString)
+        for method, (request, response) in METHODS.items()
+    }  # fmt: skip
+    limit = max(app.model.settings.max_body_bytes, 4 * 1024 * 1024)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.max_send_message_length", -1)])  # fmt: skip
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(f"{PACKAGE}.{SERVICE}", rpcs),))
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    server.add_insecure_port(address)
+    await server.start()
+    return server
+
+
+def decode(request: Any, model: Any, budget: int) -> tuple[dict[str, np.ndarray], list[str] | None]:
+    """ModelInferRequest -> feeds, with the checks (and messages) of the REST path."""
+    by_name = {s.name: s for s in (*model.overridable, *model.inputs)}
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise RequestError(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
+    feeds: dict[str, np.ndarray] = {}
+    dims: dict[str, tuple[int, str]] = {}
+    total = 0
+    for i, item in enumerate(request.inputs):
+        what = f"input '{item.name}'"
+        spec = by_name.get(item.name)
+        if spec is None:
+            raise RequestError(f"unknown input '{item.name}'; the model's inputs are: "
+                               f"{', '.join(s.name for s in model.inputs)}")  # fmt: skip
+        if item.name in feeds:
+            raise RequestError(f"{what} is given twice")
+        if item.datatype != spec.datatype:
+            raise RequestError(f"{what}: datatype {item.datatype} does not match the model's {spec.datatype}")
+        shape = list(item.shape)
+        if any(d < 0 for d in shape):
+            raise RequestError(f"{what}: 'shape' must be a list of non-negative integers")
+        count = math.prod(shape)
+        total += count * (8 if spec.dtype == "string" else np.dtype(DTYPES[spec.dtype][0]).itemsize)
+        if total > budget:
+            raise RequestError(f"{what}: shape {shape} makes the request's tensors {total} bytes, more than this "
+                               f"server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)  # fmt: skip
+        if raw:
+            arr = from_binary(spec, memoryview(raw[i]), count, what)
+        else:
+            values = list(getattr(item.contents, CONTENTS.get(item.datatype, "bytes_contents")))
+            if spec.dtype == "string":
+                try:
+                    arr = np.array([v.decode("utf-8") for v in values], dtype=object)
+                except UnicodeDecodeError:
+                    raise RequestError(f"{what}: a BYTES element is not UTF-8 text") from None
+            else:
+                arr = np.array(values, dtype=np.dtype(DTYPES[spec.dtype][0]))
+            if arr.size != count:
+                raise RequestError(f"{what}: shape {shape} needs {count} values, got {arr.size}")
+        arr = arr.reshape(shape)
+        check_shape(spec, arr, what, dims)
+        feeds[item.name] = arr
+    for spec in model.inputs:
+        if spec.required and spec.name not in feeds:
+            raise RequestError(f"missing required input '{spec.name}'")
+    names = [o.name for o in request.outputs] or None
+    known = {o.name for o in model.outputs}
+    for n in names or ():
+        if n not in known:
+            raise RequestError(f"unknown output '{n}'; the model's outputs are: {', '.join(sorted(known))}")
+    return feeds, names
+
+
+def encode(response_class: Any, outputs: dict[str, Any], specs: dict[str, Any], name: str, version: str,
+           request_id: str) -> Any:
+    """Every output as raw bytes (raw_output_contents), as Triton answers."""
+    response = response_class(model_name=name, model_version=version, id=request_id)
+    for out_name, value in outputs.items():
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        spec = specs.get(out_name)
+        datatype = spec.datatype if spec is not None and spec.dtype in DTYPES else "BYTES"
+        response.outputs.add(name=out_name, datatype=datatype, shape=list(arr.shape))
+        response.raw_output_contents.append(to_binary(arr, datatype))
+    return response
