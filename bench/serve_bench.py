@@ -1,6 +1,6 @@
 """Serving latency and throughput against in-process onnxruntime (issue 9).
 
-    python bench/serve_bench.py [--base-image IMG] [--requests 400] [--rounds 3]
+    python bench/serve_bench.py [--base-image IMG] [--requests 400] [--rounds 3] [--depth 40]
 
 A deep thin conv model (input [batch, 3, 64, 64] float32, dynamic batch) is built twice: without
 and with dynamic batching (max 8 rows, 2 ms). Over keep-alive HTTP/1.1 connections on
@@ -13,7 +13,7 @@ next to session.run of the same input in this process (same intra-op threads as 
 container), and stdlib json.loads of the /predict body. Targets: v2 binary adds <= 1.0 ms over
 in-process at p50; /predict JSON adds <= 0.5x json.loads of its body; batching >= 1.5x
 throughput at concurrency 8. Rounds are interleaved (in-process included); the best round's
-p50 and throughput are kept (the machine is shared). Writes bench/results-serve.json. Run it on a quiet machine.
+p50 and throughput are kept (the machine is shared). Writes bench/results-serve-depth<N>.json. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def conv_model(path: Path) -> None:
-    """A deep thin CNN: two stride-2 3x3 convs to 16x16, forty 3x3 convs of 8 channels, global
-    average pool, a 10-way Gemm: about 1 ms per image here, many small kernels per run (the case
-    batching exists for on CPUs)."""
+def conv_model(path: Path, depth: int) -> None:
+    """A deep thin CNN: two stride-2 3x3 convs to 16x16, `depth` 3x3 convs of 8 channels, global
+    average pool, a 10-way Gemm: many small kernels per run (the case batching exists for on
+    CPUs: per-kernel overhead is shared by the rows of a batch)."""
     rng = np.random.default_rng(0)
     nodes, inits, prev, cin = [], [], "x", 3
-    for i, (cout, stride) in enumerate([(8, 2), (8, 2)] + [(8, 1)] * 40):
+    for i, (cout, stride) in enumerate([(8, 2), (8, 2)] + [(8, 1)] * depth):
         inits += [numpy_helper.from_array((rng.normal(size=(cout, cin, 3, 3)) * 0.3).astype(np.float32), f"w{i}"),
                   numpy_helper.from_array(np.zeros(cout, np.float32), f"b{i}")]  # fmt: skip
         nodes += [helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1], strides=[stride] * 2),
@@ -61,10 +61,10 @@ def conv_model(path: Path) -> None:
     onnx.save(model, path)
 
 
-def project(folder: Path, batching: bool) -> Path:
+def project(folder: Path, batching: bool, depth: int) -> Path:
     folder.mkdir(parents=True)
-    conv_model(folder / "model.onnx")
-    serving = "serving:\n  batching: {max_batch_size: 8, max_delay_ms: 2}\n" if batching else ""
+    conv_model(folder / "model.onnx", depth)
+    serving = "serving:\n  batching: {max_batch_size: 8, max_delay_ms: 4}\n" if batching else ""
     (folder / "gpux.yml").write_text(f"name: conv\nversion: 1.0.0\nmodel: {{source: ./model.onnx}}\n{serving}")
     return folder
 
@@ -146,6 +146,7 @@ def in_process(model: bytes, x: np.ndarray, threads: int, runs: int = 300) -> fl
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.enable_cpu_mem_arena = False
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the image does
     session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     for _ in range(20):
         session.run(None, {"x": x})
@@ -171,12 +172,14 @@ def main() -> None:
     ap.add_argument("--base-image", default="gpux-pack/debian-python:bookworm")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--depth", type=int, default=40, help="3x3 convs of 8 channels after the stem")
     args = ap.parse_args()
     client = docker.from_env()
     x = np.random.default_rng(1).normal(size=(1, 3, 64, 64)).astype(np.float32)
     cases = bodies(x)
     with tempfile.TemporaryDirectory() as tmp:
-        plain, batched = project(Path(tmp) / "plain", False), project(Path(tmp) / "batched", True)
+        plain = project(Path(tmp) / "plain", False, args.depth)
+        batched = project(Path(tmp) / "batched", True, args.depth)
         build(plain, args.base_image, "gpux-bench/serve:plain")
         build(batched, args.base_image, "gpux-bench/serve:batched")
         threads = len(__import__("os").sched_getaffinity(0))
@@ -225,7 +228,8 @@ def main() -> None:
         "target_batching_gain": 1.5, "in_process_ms": round(reference_ms, 3),
     }  # fmt: skip
     print(json.dumps(targets, indent=2))
-    (ROOT / "bench" / "results-serve.json").write_text(json.dumps({"rows": rows, "targets": targets}, indent=2) + "\n")
+    out = ROOT / "bench" / f"results-serve-depth{args.depth}.json"
+    out.write_text(json.dumps({"depth": args.depth, "rows": rows, "targets": targets}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

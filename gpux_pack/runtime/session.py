@@ -83,6 +83,9 @@ class Model:
         # threads from the CPUs this container may use (its cgroup), not the host's
         opts.intra_op_num_threads = settings.threads
         opts.inter_op_num_threads = 1
+        # no spinning between kernels: the HTTP side needs those CPU cycles (ORT's threads would
+        # busy-wait on the very cores that parse the next request)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # no CPU arena: memory a large request took goes back, instead of staying with the arena
         opts.enable_cpu_mem_arena = False
         user_profiling = bool(spec.get("runtime", {}).get("enable_profiling"))
