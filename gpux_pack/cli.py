@@ -1,4 +1,4 @@
-"""`gpux-pack`: build, warmup, render, providers, inspect, schema. Errors are caught here, once.
+"""`gpux-pack`: build, plan, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
 
 Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 """
@@ -175,6 +175,72 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
     _console().print(table)
 
 
+@app.command("plan")
+def plan_cmd(
+    path: Path = PathArg,
+    provider: Optional[str] = ProviderOpt,
+    tag: Optional[str] = typer.Option(None, "--tag", "-t", help="The tag to plan for."),
+    base_image: Optional[str] = BaseOpt,
+    platform: Optional[str] = PlatformOpt,
+    warmup: Optional[str] = WarmupOpt,
+    offline: bool = typer.Option(False, "--offline", help="Use only cached locks; never the network."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> None:
+    """Every decision a build would make (provider and why, base image and its facts, Python,
+    the lock with download sizes, tag, warmup, runtime base reuse), downloading no wheel and
+    building nothing."""
+    from gpux_pack import pipeline, wheels
+
+    options = _options(tag, base_image, platform, warmup)
+    cli_providers = providers.parse_provider_list(provider)
+    loaded = pipeline.load(path)
+    image_tag(loaded.project, "cpu", tag)
+    pipeline.check_model(loaded, cli_providers)
+    ui = Reporter(quiet=True)
+    client = engine.try_connect()
+    decision = pipeline.choose_providers(loaded, cli_providers, client, ui)
+    out = []
+    for name in decision.providers:
+        plan = pipeline.plan_for(loaded, name, decision.reason, options, client, ui, pull=False)
+        lock = wheels.resolve(plan.requirements, plan.target, offline=offline)
+        plan = pipeline.with_lock(plan, lock)
+        known = wheels.sizes(lock, offline=offline)
+        pins = [{"name": p.name, "version": p.version, "size_bytes": known[p.name][0], "cached": known[p.name][1]}
+                for p in lock.pins]  # fmt: skip
+        present = client is not None and engine.image_exists(client, plan.runtime_base)
+        out.append({
+            "provider": plan.provider.name, "reason": plan.reason, "tag": plan.tag,
+            "base_image": {"image": plan.base.image, "python": plan.base.python, "platform": plan.platform,
+                           "arch": plan.base.arch, "glibc": ".".join(map(str, plan.base.glibc)),
+                           "inspected": plan.base.probed},
+            "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
+            "runtime_base": {"tag": plan.runtime_base, "present": present},
+            "onnxruntime": lock.version_of(plan.provider.ort),
+            "lock": pins,
+            "download_bytes": sum(p["size_bytes"] or 0 for p in pins if not p["cached"]),
+            "download_unknown": [p["name"] for p in pins if not p["cached"] and p["size_bytes"] is None],
+            "cached_bytes": sum(p["size_bytes"] or 0 for p in pins if p["cached"]),
+        })  # fmt: skip
+    if json_out:
+        print(json.dumps({"plans": out}, indent=2))
+        return
+    for r in out:
+        base = r["base_image"]
+        facts = f"Python {base['python']}, glibc {base['glibc']}, {base['arch']}"
+        print(f"{escape(r['provider'])}: {escape(r['reason'])}")
+        print(f"  tag           {escape(r['tag'])}")
+        print(f"  base image    {escape(base['image'])} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
+        print(f"  warmup        {r['warmup']}   link check: {r['link_check']}")
+        state = "present: only the model is built" if r["runtime_base"]["present"] else "built on the first build"
+        print(f"  runtime base  {escape(r['runtime_base']['tag'])} ({state})")
+        unknown = f", {len(r['download_unknown'])} of unknown size" if r["download_unknown"] else ""
+        print(f"  lock          {len(r['lock'])} packages, {r['download_bytes'] / 1e6:.1f} MB to download{unknown}, "
+              f"{r['cached_bytes'] / 1e6:.1f} MB cached")  # fmt: skip
+        for p in r["lock"]:
+            size = "?" if p["size_bytes"] is None else f"{p['size_bytes'] / 1e6:.1f} MB"
+            print(f"    {p['name'] + '==' + p['version']:<42} {size:>10}  {'cached' if p['cached'] else 'to download'}")
+
+
 @app.command("warmup")
 def warmup_cmd(
     image: str = typer.Argument(..., help="An image built by gpux-pack (name:tag or id)."),
@@ -222,6 +288,42 @@ def warmup_cmd(
     else:
         print(f"warmed {warmed.tag}  {(warmed.id or '')[7:19]}  key {warmed.key}  "
               f"({summary['device'] or 'already warm'})")  # fmt: skip
+
+
+cache_app = typer.Typer(help="The wheel, lock, install and base-image caches (~/.cache/gpux-pack).",
+                        no_args_is_help=True)  # fmt: skip
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls")
+def cache_ls(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """What each cache holds: entries, bytes, the oldest and newest use."""
+    from gpux_pack import cache
+
+    rows = [e.summary() for e in cache.kinds()]
+    if json_out:
+        print(json.dumps({"root": str(cache.root()), "caches": rows}, indent=2))
+        return
+    print(f"{cache.root()}")
+    for r in rows:
+        print(f"  {r['name']:<8} {r['entries']:>6} entries  {r['bytes'] / 1e6:>10.1f} MB  {r['what']}")
+
+
+@cache_app.command("prune")
+def cache_prune(
+    older_than: str = typer.Option("30d", "--older-than", help="Remove entries unused for this long: 30d, 12h, 0s (all)."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Remove cache entries not used for --older-than (by their last modification)."""
+    from gpux_pack import cache
+
+    seconds = cache.parse_age(older_than)
+    removed = cache.prune(seconds)
+    total = sum(b for _, b in removed)
+    if json_out:
+        print(json.dumps({"removed": [{"path": str(p), "bytes": b} for p, b in removed], "bytes": total}, indent=2))
+        return
+    print(f"removed {len(removed)} entries, {total / 1e6:.1f} MB")
 
 
 @app.command()

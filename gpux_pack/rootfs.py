@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from gpux_pack.errors import DockerError, PackError, UsageError
 from gpux_pack.runtime.linkcheck import MACHINES, TRIPLETS, ElfInfo, Tree, arch_of, system_dirs
-from gpux_pack.wheels import cache_dir
+from gpux_pack.wheels import cache_dir, touch
 
 ARCHES = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
 COMPACT_ABOVE = 8 << 20  # libraries larger than this keep only what the link check reads
@@ -55,6 +55,7 @@ def export(client: Any, image: str, log: Callable[[str], None] | None = None) ->
     key = image_id.replace(":", "-")
     final = cache_dir() / "rootfs" / key
     if final.is_dir():
+        touch(final)
         return final
     try:
         final.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,16 @@ class Wheelhouse:
         return "\n".join(head + body) + "\n"
 
 
+def touch(path: Path) -> None:
+    """Mark a cache entry as used now (`gpux-pack cache prune` removes the unused): a folder's
+    modification time (listing it would move its access time), a file's access time (the
+    wheel hash index keys on the modification time)."""
+    try:
+        os.utime(path) if path.is_dir() else os.utime(path, (time.time(), path.stat().st_mtime))
+    except OSError:
+        pass
+
+
 def cache_dir() -> Path:
     if os.environ.get("GPUX_PACK_CACHE_DIR"):
         return Path(os.environ["GPUX_PACK_CACHE_DIR"])
@@ -132,19 +143,52 @@ def cache_dir() -> Path:
 # resolve
 
 
-def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False) -> Lock:
-    """Pinned, hashed versions for the target; cached by (requirements, target)."""
+def _lock_path(requirements: tuple[str, ...], target: Target, suffix: str = ".txt") -> Path:
     key_src = json.dumps([sorted(requirements), target.python, target.uv_platform])
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
-    path = cache_dir() / "locks" / f"{key}.txt"
+    return cache_dir() / "locks" / f"{hashlib.sha256(key_src.encode()).hexdigest()[:24]}{suffix}"
+
+
+def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False, offline: bool = False) -> Lock:
+    """Pinned, hashed versions for the target; cached by (requirements, target). offline: the
+    cached lock or an error, never the network."""
+    path = _lock_path(requirements, target)
     if refresh or not path.is_file():
+        if offline:
+            raise WheelError(f"no cached lock for {target.describe()} (resolve it once with network, e.g. "
+                             "`gpux-pack plan` without --offline)")  # fmt: skip
         text = _uv_compile(list(requirements), target)
         _write_atomic(path, text)
+    touch(path)
     pins = _parse_compiled(path.read_text())
     return Lock(target, tuple(requirements), tuple(pins))
 
 
-def _uv_compile(requirements: list[str], target: Target) -> str:
+def sizes(lock: Lock, offline: bool = False) -> dict[str, tuple[int | None, bool]]:
+    """Per pin: (download size in bytes or None when unknown, whether its wheel is cached).
+    Cached wheels give their size; the others come from the index's metadata (uv's pylock
+    output, one resolution without downloading a wheel, cached next to the lock)."""
+    folder = cache_dir() / "wheels"
+    found = _find(folder, lock.pins, lock.target.tags()) if folder.is_dir() else {}
+    out: dict[str, tuple[int | None, bool]] = {p.name: (found[p].path.stat().st_size, True) for p in found}
+    missing = [p for p in lock.pins if p not in found]
+    if missing:
+        sidecar = _lock_path(lock.requirements, lock.target, ".pylock.toml")
+        if not sidecar.is_file() and not offline:
+            _write_atomic(sidecar, _uv_compile(list(lock.requirements), lock.target, pylock=True))
+        listed: dict[str, int] = {}
+        if sidecar.is_file():
+            import tomllib
+
+            for pkg in tomllib.loads(sidecar.read_text()).get("packages", []):
+                wheels_ = pkg.get("wheels") or []
+                if wheels_ and "size" in wheels_[0]:
+                    listed[canonicalize_name(pkg["name"])] = int(wheels_[0]["size"])
+        for p in missing:
+            out[p.name] = (listed.get(p.name), False)
+    return out
+
+
+def _uv_compile(requirements: list[str], target: Target, pylock: bool = False) -> str:
     from uv import find_uv_bin
 
     cmd = [
@@ -153,6 +197,7 @@ def _uv_compile(requirements: list[str], target: Target) -> str:
         "--python-platform", target.uv_platform,
         "--only-binary", ":all:",
         "--generate-hashes", "--no-header", "--no-annotate", "--quiet",
+        *(["--format", "pylock.toml"] if pylock else []),
     ]  # fmt: skip
     env = dict(os.environ)
     # Let a pip-only configuration (proxy index, custom CA) reach uv as well.
@@ -213,6 +258,8 @@ def fetch(lock: Lock, log=lambda msg: None) -> Wheelhouse:
         if still:
             p = still[0]
             raise WheelError(f"no wheel of {p.name}=={p.version} fits {lock.target.describe()}")
+    for wheel in found.values():
+        touch(wheel.path)
     return Wheelhouse(
         lock,
         tuple(found[p] for p in lock.pins),
@@ -348,6 +395,7 @@ def install(wheelhouse: Wheelhouse, log=lambda msg: None) -> Installed:
     root = cache_dir() / "installs" / key
     done = root / "installed.json"
     if done.is_file():
+        touch(root)
         record = json.loads(done.read_text())
         return Installed(wheelhouse.lock, root / "site-packages", record["compiled"], tuple(record["removed"]))
     log(f"installing {len(wheelhouse.wheels)} wheel(s) for {target.describe()} on the host")

@@ -1,0 +1,90 @@
+"""`gpux-pack cache ls|prune`: the caches under GPUX_PACK_CACHE_DIR (~/.cache/gpux-pack), which
+otherwise only grow (a CUDA wheelhouse is 2 GB, each install hundreds of MB).
+
+An entry is what is reused as a whole: a wheel file, a lock, an install folder, a base image's
+exported files. Every use marks its entry (its access time); pruning removes the entries last
+used longer ago than the given age.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpux_pack.errors import UsageError
+from gpux_pack.wheels import cache_dir
+
+KINDS = {
+    "wheels": "downloaded wheel files (*.whl)",
+    "locks": "resolved locks",
+    "installs": "wheels installed for an image's platform",
+    "rootfs": "base images' exported files",
+    "probes": "base image facts",
+    "engines": "engine layer-format checks",
+}
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    path: Path
+
+    def entries(self) -> list[Path]:
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.iterdir() if not p.name.startswith("."))  # .tmp, the hash index
+
+    def summary(self) -> dict:
+        entries = self.entries()
+        times = [used(p) for p in entries]
+        return {"name": self.name, "what": KINDS[self.name], "path": str(self.path), "entries": len(entries),
+                "bytes": sum(size(p) for p in entries), "oldest": min(times, default=None),
+                "newest": max(times, default=None)}  # fmt: skip
+
+
+def root() -> Path:
+    return cache_dir()
+
+
+def kinds() -> list[Kind]:
+    return [Kind(name, root() / name) for name in KINDS]
+
+
+def used(path: Path) -> float:
+    """When the entry was last used (see wheels.touch)."""
+    st = path.lstat()
+    return st.st_mtime if path.is_dir() and not path.is_symlink() else max(st.st_atime, st.st_mtime)
+
+
+def size(path: Path) -> int:
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def parse_age(text: str) -> float:
+    """30d, 12h, 45m, 10s, or a number of days."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dhms]?)\s*", text)
+    if not m:
+        raise UsageError(f"--older-than {text!r}: expected an age such as 30d, 12h, 45m or 0s")
+    return float(m.group(1)) * {"d": 86400, "h": 3600, "m": 60, "s": 1, "": 86400}[m.group(2)]
+
+
+def prune(older_than: float) -> list[tuple[Path, int]]:
+    """Remove entries last modified more than older_than seconds ago; (path, bytes) of each."""
+    cutoff = time.time() - older_than
+    removed = []
+    for kind in kinds():
+        for entry in kind.entries():
+            if used(entry) > cutoff:
+                continue
+            bytes_ = size(entry)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append((entry, bytes_))
+    return removed

@@ -1,0 +1,57 @@
+"""`gpux-pack cache ls|prune` on a real cache folder, and `plan` from cached locks."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from tests.conftest import ROOT, run_cli
+
+
+def test_cache_ls_and_prune_remove_only_entries_unused_for_long(tmp_path):
+    env = {"GPUX_PACK_CACHE_DIR": str(tmp_path)}
+    (tmp_path / "wheels").mkdir()
+    old, new = tmp_path / "wheels" / "old-1.0-py3-none-any.whl", tmp_path / "wheels" / "new-1.0-py3-none-any.whl"
+    old.write_bytes(b"x" * 1000)
+    new.write_bytes(b"y" * 10)
+    (tmp_path / "wheels" / ".sha256.json").write_text("{}")
+    install = tmp_path / "installs" / "abc" / "site-packages"
+    install.mkdir(parents=True)
+    (install / "m.py").write_bytes(b"z" * 500)
+    month = time.time() - 40 * 86400
+    for path in (old, tmp_path / "installs" / "abc"):
+        os.utime(path, (month, month))
+    listed = json.loads(run_cli("cache", "ls", "--json", env=env).stdout)
+    by_name = {c["name"]: c for c in listed["caches"]}
+    assert by_name["wheels"]["entries"] == 2 and by_name["wheels"]["bytes"] == 1010
+    assert by_name["installs"]["entries"] == 1 and by_name["installs"]["bytes"] == 500
+    proc = run_cli("cache", "prune", "--older-than", "30d", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    removed = json.loads(proc.stdout)
+    assert sorted(os.path.basename(r["path"]) for r in removed["removed"]) == ["abc", old.name]
+    assert removed["bytes"] == 1500 and new.exists() and (tmp_path / "wheels" / ".sha256.json").exists()
+    bad = run_cli("cache", "prune", "--older-than", "soon", env=env)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --older-than 'soon'")
+
+
+def test_plan_lists_the_lock_without_downloading_and_works_offline(tmp_path):
+    """cuda: 1.3 GB of NVIDIA wheels, and plan downloads none of them."""
+    env = {"GPUX_PACK_CACHE_DIR": str(tmp_path)}
+    first = run_cli("plan", str(ROOT / "examples" / "mlp"), "--provider", "cuda", "--json", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    plan = json.loads(first.stdout)["plans"][0]
+    names = {p["name"] for p in plan["lock"]}
+    assert {"onnxruntime-gpu", "nvidia-cublas", "nvidia-cudnn-cu13"} <= names
+    assert plan["provider"] == "cuda" and plan["tag"] == "iris-mlp:1.0.0-cuda"
+    assert plan["runtime_base"]["tag"].startswith("gpux-pack/runtime-cuda:1.31.1-")
+    assert plan["download_bytes"] > 1e9 and not plan["download_unknown"]
+    assert not (tmp_path / "wheels").exists() or not list((tmp_path / "wheels").glob("*.whl"))
+    offline = {**env, "UV_OFFLINE": "1", "PIP_NO_INDEX": "1", "HTTPS_PROXY": "http://127.0.0.1:9",
+               "HTTP_PROXY": "http://127.0.0.1:9"}  # fmt: skip
+    again = run_cli("plan", str(ROOT / "examples" / "mlp"), "--provider", "cuda", "--offline", "--json", env=offline)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["plans"][0]["lock"] == plan["lock"]
+    missing = run_cli("plan", str(ROOT / "examples" / "text-classifier"), "--provider", "rocm", "--offline",
+                      env=offline)  # fmt: skip
+    assert missing.returncode != 0 and "no cached lock" in missing.stderr
