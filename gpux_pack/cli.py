@@ -1,4 +1,4 @@
-"""`gpux-pack`: build, plan, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
+"""`gpux-pack`: build, plan, run, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
 
 Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 """
@@ -239,6 +239,39 @@ def plan_cmd(
         for p in r["lock"]:
             size = "?" if p["size_bytes"] is None else f"{p['size_bytes'] / 1e6:.1f} MB"
             print(f"    {p['name'] + '==' + p['version']:<42} {size:>10}  {'cached' if p['cached'] else 'to download'}")
+
+
+@app.command("run")
+def run_cmd(
+    image: str = typer.Argument(..., help="An image built by gpux-pack (name:tag or id)."),
+    port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535, help="Host port (default: a free one)."),
+    bind: str = typer.Option("127.0.0.1", "--bind", help="Host address to publish on (0.0.0.0: every interface)."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Leave it running; print its URL, then its id."),
+    cpu_fallback: bool = typer.Option(False, "--cpu-fallback", help="Serve on CPU when this host lacks the device."),
+    timeout: int = typer.Option(300, "--timeout", min=1, max=86400, help="Seconds to wait for readiness."),
+) -> None:
+    """Start an image with its provider's device flags, a read-only root, a tmpfs /tmp and a
+    cache volume; wait until it is ready and print its URL (Ctrl-C stops it: drained, removed)."""
+    from gpux_pack import launch
+
+    ui = Reporter(quiet=detach)
+    client = engine.connect()
+    started = launch.start(client, image, ui, port=port, bind=bind, cpu_fallback=cpu_fallback, timeout=timeout)
+    note = " (on CPU: --cpu-fallback)" if started.on_cpu else ""
+    print(f"{started.url}  {started.provider}{note}  cache volume {started.volume}", flush=True)
+    if detach:
+        print(started.container.id)
+        return
+    try:
+        for chunk in started.container.logs(stream=True, follow=True, since=int(time.time())):
+            sys.stderr.write(chunk.decode(errors="replace"))
+    except KeyboardInterrupt:
+        print("stopping (in-flight requests drain)", file=sys.stderr)
+    finally:
+        try:
+            started.container.stop(timeout=15)
+        finally:
+            engine.remove_container(started.container)
 
 
 @app.command("warmup")

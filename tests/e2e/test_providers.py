@@ -157,3 +157,82 @@ def test_cuda_with_nvidia_wheels_passes_the_link_check(tmp_path, tags):
                    "--tag", tags("cuda:wheels"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "link check: CUDAExecutionProvider:" in proc.stderr and "left to the host's driver: libcuda.so.1" in proc.stderr
+
+
+@pytest.fixture
+def run_volume(docker_client):
+    """`run` makes a named cache volume per model: removed after the test."""
+    yield "gpux-cache-iris-mlp"
+    try:
+        docker_client.volumes.get("gpux-cache-iris-mlp").remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_run_serves_on_the_chosen_port_locked_down(mlp_image, docker_client, run_volume):
+    port = _free_port()
+    proc = run_cli("run", mlp_image["tag"], "--port", str(port), "--detach")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    url_line, container_id = proc.stdout.strip().splitlines()
+    container = docker_client.containers.get(container_id)
+    try:
+        assert url_line.startswith(f"http://127.0.0.1:{port}  cpu  cache volume gpux-cache-iris-mlp")
+        import requests
+
+        r = requests.post(f"http://127.0.0.1:{port}/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}, timeout=10)
+        assert r.status_code == 200
+        host = container.attrs["HostConfig"]
+        assert host["ReadonlyRootfs"] is True and "/tmp" in host["Tmpfs"]
+        assert [m["Destination"] for m in container.attrs["Mounts"] if m["Type"] == "volume"] == ["/opt/gpux/cache"]
+    finally:
+        container.remove(force=True)
+
+
+def test_run_a_cuda_image_without_a_gpu_is_one_line_unless_cpu_fallback(cuda_image, docker_client, run_volume):
+    proc = run_cli("run", cuda_image["tag"], "--detach")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {cuda_image['tag']} needs an NVIDIA GPU (nvidia runtime or CDI); this Docker host has none (run "
+        "with --cpu-fallback to serve on CPU)"]
+    assert not docker_client.containers.list(all=True, filters={"label": "io.gpux.pack.role=run"})
+    proc = run_cli("run", cuda_image["tag"], "--detach", "--cpu-fallback")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    url, container_id = proc.stdout.strip().splitlines()
+    container = docker_client.containers.get(container_id)
+    try:
+        import requests
+
+        base = url.split()[0]
+        info = requests.get(base + "/info", timeout=10).json()
+        assert info["execution_providers"]["active"] == ["CPUExecutionProvider"] and "on CPU" in url
+        assert "FALLBACK" not in container.logs().decode()  # asked for CPU: no warning
+        assert requests.post(base + "/predict", json={"features": [[1, 2, 3, 4]]}, timeout=10).status_code == 200
+    finally:
+        container.remove(force=True)
+
+
+def test_run_in_the_foreground_stops_and_removes_on_ctrl_c(mlp_image, docker_client, run_volume):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "gpux_pack", "run", mlp_image["tag"]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()  # printed once ready
+        assert line.startswith("http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert len(docker_client.containers.list(filters={"label": "io.gpux.pack.role=run"})) == 1
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not docker_client.containers.list(all=True, filters={"label": "io.gpux.pack.role=run"})

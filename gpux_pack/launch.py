@@ -1,0 +1,104 @@
+"""`gpux-pack run IMAGE`: start an image the way it is meant to run, without remembering flags.
+
+The image's labels say its provider and port; the provider's table entry says which devices it
+needs (`--gpus all`, or /dev/kfd + /dev/dri + the video group). The container runs with a
+read-only root, a tmpfs at /tmp and a named volume at GPUX_CACHE_DIR (compiled caches survive
+restarts, shared by containers of the same model), the port published on 127.0.0.1 unless
+--bind says otherwise. A host that cannot give the device is one line and exit 1; with
+--cpu-fallback the container runs on CPU instead (GPUX_PROVIDERS=cpu: no fallback warning).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from gpux_pack import engine, providers
+from gpux_pack.errors import DockerError, PackError, UsageError
+from gpux_pack.plan import CACHE_DIR
+from gpux_pack.ui import Reporter
+from gpux_pack.warmup import Devices, _image, devices_for
+
+ROLE = "run"
+
+
+class NoDevice(PackError):
+    """The host cannot give the image's accelerator: exit 1."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Started:
+    container: Any
+    url: str
+    provider: str
+    on_cpu: bool
+    volume: str
+
+
+def start(client: Any, ref: str, ui: Reporter, port: int | None = None, bind: str = "127.0.0.1",
+          cpu_fallback: bool = False, timeout: float = 300) -> Started:
+    """Start the image and wait until it is ready (or has failed: its last log lines)."""
+    try:
+        ipaddress.ip_address(bind)
+    except ValueError:
+        raise UsageError(f"--bind {bind!r}: expected an IP address such as 127.0.0.1 or 0.0.0.0") from None
+    image = _image(client, ref)
+    labels = image.attrs["Config"].get("Labels") or {}
+    name = labels.get("io.gpux.provider")
+    if not name or not labels.get("io.gpux.port", "").isdigit():
+        raise UsageError(f"{ref}: not an image built by gpux-pack (no io.gpux.provider / io.gpux.port labels)")
+    inside = int(labels["io.gpux.port"])
+    provider = providers.get(name)
+    ok, why = engine.host_info(client).can_run(provider)
+    devices, env = devices_for(name, None, []), {}
+    if not ok:
+        if not cpu_fallback:
+            raise NoDevice(f"{ref} {why}; this Docker host has none (run with --cpu-fallback to serve on CPU)")
+        ui.info(f"{name} {why}, which this host lacks: serving on CPU (--cpu-fallback)")
+        devices, env = Devices(), {"GPUX_PROVIDERS": "cpu"}
+    volume = "gpux-cache-" + re.sub(r"[^a-z0-9_.-]", "-", labels.get("io.gpux.model.name", "model").lower())[:60]
+    ports = {f"{inside}/tcp": (bind, port)}
+    if labels.get("io.gpux.grpc_port", "").isdigit():
+        ports[f"{labels['io.gpux.grpc_port']}/tcp"] = (bind, None)
+    try:
+        container = client.containers.run(
+            image.id, detach=True, read_only=True, tmpfs={"/tmp": "rw,size=1g"}, environment=env,
+            volumes={volume: {"bind": CACHE_DIR, "mode": "rw"}}, ports=ports,
+            labels={engine.ROLE_LABEL: ROLE, "io.gpux.image": ref[:200]}, **devices.kwargs(),
+        )  # fmt: skip
+    except Exception as e:
+        raise DockerError(f"cannot start {ref}: {str(e).splitlines()[0][:300]}") from None
+    try:
+        container.reload()
+        published = container.attrs["NetworkSettings"]["Ports"][f"{inside}/tcp"][0]["HostPort"]
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+        url = f"http://{host}:{published}" if ":" not in host else f"http://[{host}]:{published}"
+        _wait_ready(container, url, timeout)
+    except BaseException:
+        engine.remove_container(container)
+        raise
+    return Started(container, url, name, not ok, volume)
+
+
+def _wait_ready(container: Any, url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        container.reload()
+        if container.status in ("exited", "dead"):
+            tail = container.logs(tail=5).decode(errors="replace").strip().splitlines()
+            code = container.attrs["State"].get("ExitCode")
+            raise DockerError(f"the container exited ({code}) before it was ready: {tail[-1] if tail else 'no output'}")
+        try:
+            with urllib.request.urlopen(url + "/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise DockerError(f"the container was not ready within {timeout:g}s ({url}/v2/health/ready)")
