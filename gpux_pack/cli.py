@@ -1,4 +1,4 @@
-"""`gpux-pack`: build, plan, run, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
+"""`gpux-pack`: build, push, plan, run, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
 
 Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 """
@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - older typer on real click
     from click import exceptions as click_errors
 
 from gpux_pack import __version__, engine, providers
+from gpux_pack import push as pushing
 from gpux_pack.errors import BuildError, PackError
 from gpux_pack.plan import image_tag
 from gpux_pack.ui import Reporter
@@ -88,6 +89,7 @@ def build(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the result and errors."),
     json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
     refresh: bool = RefreshOpt,
+    push_: bool = typer.Option(False, "--push", help="Push every image built; their digests go in the summary."),
 ) -> None:
     """Build the model's image(s) through the Docker engine."""
     from gpux_pack import build as building
@@ -118,7 +120,8 @@ def build(
             built = building.make_model(client, prepared, ui, no_cache=no_cache, tag=not baked)
             if baked:
                 built = building.bake_warmup(client, built, plan, ui, gpus=host_gpu and plan.provider.device == "nvidia")
-            results.append((plan, prepared, built))
+            pushed = pushing.push(client, built.tag, ui) if push_ else None
+            results.append((plan, prepared, built, pushed))
         except PackError as e:
             if len(decision.providers) == 1:
                 raise
@@ -131,7 +134,7 @@ def build(
 
 def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: float) -> None:
     rows = []
-    for plan, prepared, built in results:
+    for plan, prepared, built, pushed in results:
         rows.append(
             {
                 "tag": built.tag,
@@ -151,6 +154,7 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
                 "steps": built.steps,
                 "cached_steps": built.cached_steps,
                 "assembled": built.assembled,
+                "digest": pushed.digest if pushed else None,
             }
         )
     failed = [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in failures]
@@ -161,6 +165,8 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
         r = rows[0]
         how = "assembled, nothing ran" if r["assembled"] else f"{r['cached_steps']}/{r['steps']} steps cached"
         print(f"built {r['tag']}  {r['id'][7:19]}  {r['size_bytes'] / 1e6:.0f} MB  {r['provider']}  {r['seconds']:.1f}s ({how})")
+        if r["digest"]:
+            print(f"pushed {r['digest']}")
         return
     from rich.table import Table
 
@@ -173,6 +179,9 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
     for f in failed:
         table.add_row(escape(f["provider"]), "", "", "", "", "", escape(f"failed: {f['error'][:100]}"))
     _console().print(table)
+    for r in rows:
+        if r["digest"]:
+            print(f"pushed {r['digest']}")
 
 
 @app.command("plan")
@@ -239,6 +248,25 @@ def plan_cmd(
         for p in r["lock"]:
             size = "?" if p["size_bytes"] is None else f"{p['size_bytes'] / 1e6:.1f} MB"
             print(f"    {p['name'] + '==' + p['version']:<42} {size:>10}  {'cached' if p['cached'] else 'to download'}")
+
+
+@app.command("push")
+def push_cmd(
+    images: list[str] = typer.Argument(..., help="Images to push (name:tag, as built)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
+) -> None:
+    """Push images with the credentials of your Docker config (docker login, credential helpers);
+    print each pushed digest (name@sha256:...)."""
+    ui = Reporter(quiet=quiet or json_out)
+    client = engine.connect()
+    done = [pushing.push(client, ref, ui) for ref in images]
+    if json_out:
+        print(json.dumps({"images": [{"tag": p.tag, "digest": p.digest, "size_bytes": p.size,
+                                      "seconds": round(p.seconds, 2)} for p in done]}, indent=2))  # fmt: skip
+        return
+    for p in done:
+        print(f"pushed {p.digest}")
 
 
 @app.command("run")
