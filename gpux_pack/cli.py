@@ -1,4 +1,4 @@
-"""`gpux-pack`: build, push, plan, run, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
+"""`gpux-pack`: build, push, deploy, plan, run, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
 
 Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 """
@@ -267,6 +267,26 @@ def push_cmd(
         return
     for p in done:
         print(f"pushed {p.digest}")
+
+
+@app.command("deploy")
+def deploy_cmd(
+    image: str = typer.Argument(..., help="A pushed image (name:tag with a registry digest, or name@sha256:...)."),
+    target: str = typer.Option(..., "--target", help="compose or kubernetes."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder to write to (default: stdout)."),
+) -> None:
+    """Manifests that run the image pinned by digest, with its device, probes and a locked-down pod."""
+    from gpux_pack import deploy
+
+    if target not in deploy.TARGETS:
+        raise typer.BadParameter(f"{target!r}: expected one of {', '.join(deploy.TARGETS)}", param_hint="--target")
+    files = deploy.manifests(deploy.subject(engine.connect(), image), target)
+    written = deploy.write(files, output)
+    if written:
+        for path in written:
+            print(path)
+        return
+    print("---\n".join(files.values()), end="")
 
 
 @app.command("run")

@@ -113,3 +113,86 @@ def test_a_wrong_password_or_no_registry_is_one_line_exit_1(registry, tmp_path, 
                 docker_client.images.remove(t)
             except Exception:
                 pass
+
+
+@pytest.fixture(scope="module")
+def pushed(registry, tmp_path_factory, docker_client):
+    """examples/mlp built and pushed: its tag and digest (the deploy tests' subject)."""
+    tag = f"{registry}/team/deployed:1.0.0-cpu"
+    env = _docker_config(tmp_path_factory.mktemp("login"), registry, PASSWORD)
+    proc = run_cli("build", str(EXAMPLES / "mlp"), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json",
+                   env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    yield tag, json.loads(proc.stdout)["images"][0]["digest"]
+    docker_client.images.remove(tag, force=True)
+
+
+def _compose_schema(tmp_path: Path) -> dict:
+    """The compose-spec JSON Schema, as docker-compose 1.29.2 ships it (read from its wheel)."""
+    import sys
+    import zipfile
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "docker-compose==1.29.2", "--no-deps", "-q",
+                           "-d", str(tmp_path)], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with zipfile.ZipFile(next(tmp_path.glob("docker_compose-*.whl"))) as z:
+        return json.loads(z.read("compose/config/compose_spec.json"))
+
+
+def test_deploy_kubernetes_validates_pins_the_digest_and_locks_the_pod_down(pushed, tmp_path):
+    import kubernetes_validate
+    import yaml
+
+    tag, digest = pushed
+    proc = run_cli("deploy", tag, "--target", "kubernetes", "--output", str(tmp_path / "k8s"))
+    assert proc.returncode == 0, proc.stderr
+    docs = list(yaml.safe_load_all((tmp_path / "k8s" / "iris-mlp.yaml").read_text()))
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.30.0", strict=True)  # raises on any unknown or mistyped field
+    deployment, service = docs
+    wrong = json.loads(json.dumps(deployment))
+    wrong["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFS"] = True  # a typo must not pass
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(wrong, "1.30.0", strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == digest
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
+    assert container["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["terminationGracePeriodSeconds"] > 8
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]] and mounts["/opt/gpux/cache"] in volumes
+    assert service["spec"]["ports"][0]["port"] == 8080
+    assert "resources" not in container  # cpu: no device to request
+
+
+def test_deploy_compose_validates_and_a_gpu_image_requests_its_device(pushed, tmp_path, docker_client):
+    import jsonschema
+    import yaml
+
+    from gpux_pack import deploy
+
+    tag, digest = pushed
+    proc = run_cli("deploy", tag, "--target", "compose")
+    assert proc.returncode == 0, proc.stderr
+    doc = yaml.safe_load(proc.stdout)
+    schema = jsonschema.Draft201909Validator(_compose_schema(tmp_path))
+    schema.validate(doc)
+    service = doc["services"]["iris-mlp"]
+    assert service["image"] == digest and service["read_only"] is True and service["cap_drop"] == ["ALL"]
+    # the device each provider asks for (the subject as a cuda or rocm image would give it)
+    cuda = deploy.Subject(digest, "m", "cuda", "nvidia", 8080, None)
+    (pod_container,) = deploy.kubernetes(cuda)[0]["spec"]["template"]["spec"]["containers"]
+    assert pod_container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert deploy.compose(cuda)["services"]["m"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    rocm = deploy.Subject(digest, "m", "rocm", "amd", 8080, None)
+    assert deploy.kubernetes(rocm)[0]["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "limits": {"amd.com/gpu": 1}}
+    schema.validate(deploy.compose(rocm))
+    with pytest.raises(jsonschema.ValidationError):
+        schema.validate({"services": {"m": {**deploy.compose(rocm)["services"]["m"], "readonly": True}}})
+    unpushed = run_cli("deploy", BASE_IMAGE, "--target", "kubernetes")
+    assert unpushed.returncode == 2 and "not an image built by gpux-pack" in unpushed.stderr

@@ -1,0 +1,156 @@
+"""`gpux-pack deploy IMAGE --target compose|kubernetes`: manifests that run an image as
+`gpux-pack run` does, for the orchestrator.
+
+Decisions come from the image (its labels: provider, ports, model name; its pushed digest) and
+the provider table (which device to request); the manifests are plain data dumped as YAML.
+The image is pinned by digest (a tag can move under a running deployment): the local image's
+repo digest, which `gpux-pack push` or a pull leaves. Pods are locked down (non-root uid 10001,
+read-only root, no privilege escalation, every capability dropped, the runtime's seccomp
+profile), with an emptyDir at /tmp and a cache volume at GPUX_CACHE_DIR, probes on
+/v2/health/live and /v2/health/ready (a startup probe gives warmup its time), and a
+termination grace longer than the server's drain.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpux_pack import providers
+from gpux_pack.errors import UsageError
+from gpux_pack.plan import CACHE_DIR
+from gpux_pack.push import digest_of
+from gpux_pack.warmup import _image
+
+DRAIN_SECONDS = 8  # the runtime's GPUX_DRAIN_SECONDS default
+GRACE_SECONDS = DRAIN_SECONDS + 7  # SIGTERM -> drain -> exit, with room to spare
+UID = 10001
+# what a pod requests for each accelerator (device plugins' resource names)
+RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "gpu.intel.com/i915"}
+TARGETS = ("compose", "kubernetes")
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What the manifests need to know about the image."""
+
+    image: str  # name@sha256:...
+    name: str  # a DNS-1123 label for the deployment
+    provider: str
+    device: str | None  # nvidia | amd | intel | None
+    port: int
+    grpc_port: int | None
+
+
+def subject(client: Any, ref: str) -> Subject:
+    image = _image(client, ref)
+    labels = image.attrs["Config"].get("Labels") or {}
+    if not labels.get("io.gpux.provider") or not labels.get("io.gpux.port", "").isdigit():
+        raise UsageError(f"{ref}: not an image built by gpux-pack (no io.gpux.provider / io.gpux.port labels)")
+    pinned = ref if re.search(r"@sha256:[0-9a-f]{64}$", ref) else digest_of(client, ref)
+    if pinned is None:
+        raise UsageError(f"{ref} has no registry digest to pin: push it first (gpux-pack push {ref})")
+    provider = providers.get(labels["io.gpux.provider"])
+    name = re.sub(r"[^a-z0-9-]+", "-", labels.get("io.gpux.model.name", "model").lower()).strip("-")[:50] or "model"
+    grpc = labels.get("io.gpux.grpc_port", "")
+    return Subject(pinned, name, provider.name, provider.device, int(labels["io.gpux.port"]),
+                   int(grpc) if grpc.isdigit() else None)  # fmt: skip
+
+
+def manifests(s: Subject, target: str) -> dict[str, str]:
+    """File name -> YAML text."""
+    if target == "compose":
+        return {"compose.yaml": _dump([compose(s)])}
+    if target == "kubernetes":
+        return {f"{s.name}.yaml": _dump(kubernetes(s))}
+    raise UsageError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
+
+
+def _dump(docs: list[dict[str, Any]]) -> str:
+    return "---\n".join(yaml.safe_dump(d, sort_keys=False, default_flow_style=False) for d in docs)
+
+
+def compose(s: Subject) -> dict[str, Any]:
+    service: dict[str, Any] = {
+        "image": s.image,
+        "ports": [f"{s.port}:{s.port}"] + ([f"{s.grpc_port}:{s.grpc_port}"] if s.grpc_port else []),
+        "read_only": True,
+        "tmpfs": ["/tmp"],
+        "volumes": [f"gpux-cache:{CACHE_DIR}"],
+        "user": f"{UID}:{UID}",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        "stop_grace_period": f"{GRACE_SECONDS}s",
+        "restart": "unless-stopped",
+    }
+    if s.device == "nvidia":
+        service["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}  # fmt: skip
+    elif s.device == "amd":
+        service["devices"] = ["/dev/kfd", "/dev/dri"]
+        service["group_add"] = ["video"]
+    elif s.device == "intel":
+        service["devices"] = ["/dev/dri"]
+    return {"services": {s.name: service}, "volumes": {"gpux-cache": {}}}
+
+
+def _probe(path: str, port: int, **more: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, **more}
+
+
+def kubernetes(s: Subject) -> list[dict[str, Any]]:
+    labels = {"app.kubernetes.io/name": s.name, "app.kubernetes.io/component": "inference",
+              "app.kubernetes.io/managed-by": "gpux-pack"}  # fmt: skip
+    ports = [{"name": "http", "containerPort": s.port, "protocol": "TCP"}]
+    if s.grpc_port:
+        ports.append({"name": "grpc", "containerPort": s.grpc_port, "protocol": "TCP"})
+    container: dict[str, Any] = {
+        "name": "model",
+        "image": s.image,
+        "ports": ports,
+        "startupProbe": _probe("/v2/health/ready", s.port, periodSeconds=2, failureThreshold=300),
+        "readinessProbe": _probe("/v2/health/ready", s.port, periodSeconds=5, failureThreshold=2),
+        "livenessProbe": _probe("/v2/health/live", s.port, periodSeconds=10, failureThreshold=3),
+        "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR}],
+    }  # fmt: skip
+    if s.device in RESOURCES:
+        container["resources"] = {"limits": {RESOURCES[s.device]: 1}}
+    pod = {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": GRACE_SECONDS,
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+                    {"name": "cache", "emptyDir": {}}],
+    }  # fmt: skip
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": s.name, "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": pod}},
+    }  # fmt: skip
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": s.name, "labels": labels},
+        "spec": {"selector": labels, "ports": [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"],
+                                                "protocol": "TCP"} for p in ports]},
+    }  # fmt: skip
+    return [deployment, service]
+
+
+def write(files: dict[str, str], output: Path | None) -> list[Path]:
+    if output is None:
+        return []
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (output / name).write_text(text)
+    except OSError as e:
+        raise UsageError(f"--output {output}: {e.strerror or e}") from None
+    return [output / name for name in files]
