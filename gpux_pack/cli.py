@@ -159,7 +159,10 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
         )
     failed = [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in failures]
     if json_out:
-        print(json.dumps({"images": rows, "failed": failed, "seconds": round(seconds, 2)}, indent=2))
+        from gpux_pack.summary import BuildSummary
+
+        doc = BuildSummary.model_validate({"images": rows, "failed": failed, "seconds": round(seconds, 2)})
+        print(json.dumps(doc.model_dump(mode="json"), indent=2))
         return
     if len(rows) + len(failed) == 1 and rows:
         r = rows[0]
@@ -579,8 +582,17 @@ def inspect(
 
 
 @app.command()
-def schema() -> None:
-    """Print the JSON Schema of gpux.yml (for editors and linters)."""
+def schema(
+    of: str = typer.Option("gpux.yml", "--of", help="gpux.yml, or build-summary (what build --json prints)."),
+) -> None:
+    """Print the JSON Schema of gpux.yml (for editors and linters) or of build --json."""
+    if of == "build-summary":
+        from gpux_pack.summary import schema as summary_schema
+
+        print(json.dumps(summary_schema(), indent=2))
+        return
+    if of != "gpux.yml":
+        raise typer.BadParameter(f"{of!r}: expected gpux.yml or build-summary", param_hint="--of")
     from gpux_pack.config import json_schema
 
     print(json.dumps(json_schema(), indent=2))

@@ -79,7 +79,13 @@ def test_build_push_digest_pull_by_digest_and_serve(registry, tmp_path, docker_c
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json",
                    env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    digest = json.loads(proc.stdout)["images"][0]["digest"]
+    summary = json.loads(proc.stdout)
+    import jsonschema
+
+    from tests.conftest import ROOT
+
+    jsonschema.Draft202012Validator(json.loads((ROOT / "build-summary.schema.json").read_text())).validate(summary)
+    digest = summary["images"][0]["digest"]
     assert digest.startswith(f"{registry}/team/iris-mlp@sha256:") and len(digest.split("@sha256:")[1]) == 64
     docker_client.images.remove(tag, force=True)
     auth = {"username": USER, "password": PASSWORD}

@@ -55,3 +55,33 @@ def test_plan_lists_the_lock_without_downloading_and_works_offline(tmp_path):
     missing = run_cli("plan", str(ROOT / "examples" / "text-classifier"), "--provider", "rocm", "--offline",
                       env=offline)  # fmt: skip
     assert missing.returncode != 0 and "no cached lock" in missing.stderr
+
+
+def test_build_summary_schema_is_current():
+    from gpux_pack.summary import schema
+
+    assert json.loads((ROOT / "build-summary.schema.json").read_text()) == schema(), \
+        "regenerate: gpux-pack schema --of build-summary > build-summary.schema.json"
+
+
+def test_the_ci_example_uses_commands_and_flags_that_exist():
+    import re
+    import shlex
+
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / "examples" / "ci" / "github-actions.yml").read_text())
+    runs = [step["run"] for step in workflow["jobs"]["images"]["steps"] if "run" in step]
+    used = []
+    for text in runs:
+        for line in text.replace("\n", " ").split(";"):
+            if "gpux-pack " in line:
+                words = shlex.split(line[line.index("gpux-pack "):].split(">")[0])
+                used.append((words[1], [w for w in words[2:] if w.startswith("--")]))
+    assert {cmd for cmd, _ in used} == {"plan", "build", "deploy"}
+    for cmd, flags in used:
+        help_text = run_cli(cmd, "--help").stdout
+        for flag in flags:
+            assert re.search(rf"{re.escape(flag)}\b", help_text), (cmd, flag)
+    build = next(flags for cmd, flags in used if cmd == "build")
+    assert {"--push", "--json"} <= set(build)
