@@ -92,35 +92,10 @@ def bodies(x: np.ndarray) -> dict[str, tuple[str, bytes, dict[str, str]]]:
 
 
 def load(port: int, path: str, body: bytes, headers: dict[str, str], concurrency: int, total: int) -> dict:
-    latencies: list[float] = []
-    lock = threading.Lock()
-    per = total // concurrency
+    from gpux_pack.benchmark import load_test
 
-    def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        mine = []
-        for _ in range(per):
-            started = time.perf_counter()
-            conn.request("POST", path, body, headers)
-            r = conn.getresponse()
-            r.read()
-            mine.append(time.perf_counter() - started)
-            if r.status != 200:
-                raise SystemExit(f"{path}: HTTP {r.status}")
-        conn.close()
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - started
-    latencies.sort()
-    return {"p50_ms": 1000 * latencies[len(latencies) // 2], "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
-            "rps": len(latencies) / seconds}  # fmt: skip
+    latencies, rps = load_test(f"http://127.0.0.1:{port}", path, body, headers, total, concurrency)
+    return {"p50_ms": latencies[len(latencies) // 2], "p99_ms": latencies[int(len(latencies) * 0.99)], "rps": rps}
 
 
 def start(client, tag: str) -> tuple[object, int]:

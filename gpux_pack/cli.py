@@ -1,4 +1,4 @@
-"""`gpux-pack`: build, push, deploy, plan, run, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
+"""`gpux-pack`: build, bench, push, deploy, plan, run, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
 
 Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 """
@@ -108,7 +108,17 @@ def build(
         raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
     if (warmup or loaded.project.config.pack.warmup) != "never" and "tensorrt" in decision.providers:
         options = replace(options, host_has_gpu=engine.host_info(client).nvidia)
-    host_gpu = options.host_has_gpu
+    results, failures = _build_each(loaded, decision, options, client, ui, no_cache, refresh, push_)
+    _summary(results, failures, json_out, time.perf_counter() - started)
+    if failures:
+        raise typer.Exit(max(e.exit_code for _, e in failures))
+
+
+def _build_each(loaded, decision, options, client, ui, no_cache=False, refresh=False, push_=False):
+    """Build (and push) one image per provider; a failing provider does not stop the others."""
+    from gpux_pack import build as building
+    from gpux_pack import pipeline
+
     results, failures = [], []
     for name in decision.providers:
         try:
@@ -119,7 +129,8 @@ def build(
             baked = plan.warmup == "baked"
             built = building.make_model(client, prepared, ui, no_cache=no_cache, tag=not baked)
             if baked:
-                built = building.bake_warmup(client, built, plan, ui, gpus=host_gpu and plan.provider.device == "nvidia")
+                gpus = options.host_has_gpu and plan.provider.device == "nvidia"
+                built = building.bake_warmup(client, built, plan, ui, gpus=gpus)
             pushed = pushing.push(client, built.tag, ui) if push_ else None
             results.append((plan, prepared, built, pushed))
         except PackError as e:
@@ -127,9 +138,7 @@ def build(
                 raise
             failures.append((name, e))
             _print_error(e, prefix=f"{name}: ")
-    _summary(results, failures, json_out, time.perf_counter() - started)
-    if failures:
-        raise typer.Exit(max(e.exit_code for _, e in failures))
+    return results, failures
 
 
 def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: float) -> None:
@@ -251,6 +260,55 @@ def plan_cmd(
         for p in r["lock"]:
             size = "?" if p["size_bytes"] is None else f"{p['size_bytes'] / 1e6:.1f} MB"
             print(f"    {p['name'] + '==' + p['version']:<42} {size:>10}  {'cached' if p['cached'] else 'to download'}")
+
+
+@app.command("bench")
+def bench_cmd(
+    target: str = typer.Argument(..., help="An image built by gpux-pack, or a project folder / gpux.yml to build."),
+    provider: Optional[str] = ProviderOpt,
+    tag: Optional[str] = typer.Option(None, "--tag", "-t", help="Tags of the images built from a project ({provider})."),
+    base_image: Optional[str] = BaseOpt,
+    runs: int = typer.Option(200, "--runs", min=10, max=100000, help="Timed runs, in the container and over HTTP."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, max=256, help="Concurrent HTTP clients."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> None:
+    """Start each provider's image, warm it, and compare: session.run inside the container, and
+    end-to-end KServe v2 latency (p50/p99) and throughput from this host."""
+    from gpux_pack import benchmark, pipeline
+
+    ui = Reporter(quiet=json_out)
+    client = engine.connect()
+    if Path(target).exists():
+        options = _options(tag, base_image, None, None)
+        loaded = pipeline.load(Path(target))
+        image_tag(loaded.project, "cpu", tag)
+        cli_providers = providers.parse_provider_list(provider)
+        pipeline.check_model(loaded, cli_providers)
+        decision = pipeline.choose_providers(loaded, cli_providers, client, ui)
+        if tag and len(decision.providers) > 1 and "{provider}" not in tag:
+            raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
+        built, failures = _build_each(loaded, decision, options, client, ui)
+        if failures:
+            raise typer.Exit(max(e.exit_code for _, e in failures))
+        images = [b.tag for _, _, b, _ in built]
+    else:
+        if provider:
+            raise typer.BadParameter("--provider picks what to build from a project folder", param_hint="--provider")
+        images = [target]
+    results = [benchmark.bench(client, image, ui, runs, concurrency).row() for image in images]
+    if json_out:
+        print(json.dumps({"results": results}, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{runs} runs, concurrency {concurrency}")
+    for col in ("provider", "active", "model p50", "model p99", "HTTP p50", "HTTP p99", "req/s", "image"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(*(escape(str(c)) for c in (
+            r["provider"], r["active"][0], f"{r['model_p50_ms']:.3f} ms", f"{r['model_p99_ms']:.3f} ms",
+            f"{r['http_p50_ms']:.3f} ms", f"{r['http_p99_ms']:.3f} ms", f"{r['throughput_rps']:.0f}", r["image"])))
+    _console().print(table)
 
 
 @app.command("push")

@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     predict = sub.add_parser("predict", help="one inference; prints the outputs as JSON")
     predict.add_argument("--input", "-i", required=True, help="JSON object, @file, or - for stdin")
     sub.add_parser("healthcheck", help="exit 0 when the local server is ready (Docker HEALTHCHECK)")
+    bench = sub.add_parser("bench", help="time session.run on generated inputs; prints p50/p99 as JSON")
+    bench.add_argument("--runs", type=int, default=100, help="timed runs (1 to 100000)")
     sub.add_parser("linkcheck", help="check that a provider's shared libraries resolve", add_help=False)
     args, rest = parser.parse_known_args(argv)
     command = args.command or "serve"
@@ -88,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
             state = _interruptible(model.warmup, True)
             folder = str(model.cache.folder) if model.cache and model.cache.folder else None
             print(json.dumps(to_json({"warmup": state, "execution_providers": model.active, "folder": folder})))
+            return 0
+        if command == "bench":
+            if not 1 <= args.runs <= 100000:
+                print("gpux: --runs: expected 1 to 100000", file=sys.stderr)
+                return 2
+            _STATE["doing"] = "benchmarking"
+            print(json.dumps(_interruptible(_bench, model, args.runs)))
             return 0
         if command == "info":
             model.warmup_state = {"state": "not run (info command)"}
@@ -139,6 +148,24 @@ def _logging(settings: Settings) -> None:
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+
+
+def _bench(model, runs: int) -> dict:
+    """session.run alone, on the warmup inputs (first shape): what the model costs here."""
+    import time
+
+    feeds = model.warmup_feeds()[0]
+    for _ in range(min(10, runs)):
+        model.run(feeds)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        model.run(feeds)
+        times.append(time.perf_counter() - started)
+    times.sort()
+    return {"runs": runs, "p50_ms": 1000 * times[len(times) // 2], "p99_ms": 1000 * times[min(len(times) - 1,
+            int(len(times) * 0.99))], "providers": model.active,
+            "shapes": {k: list(v.shape) for k, v in feeds.items()}}  # fmt: skip
 
 
 def _handoff(server: object) -> None:

@@ -236,3 +236,18 @@ def test_run_in_the_foreground_stops_and_removes_on_ctrl_c(mlp_image, docker_cli
         if proc.poll() is None:
             proc.kill()
     assert not docker_client.containers.list(all=True, filters={"label": "io.gpux.pack.role=run"})
+
+
+def test_bench_compares_cpu_and_openvino(tags, tmp_path):
+    tag = tags("bench:cpu").rsplit(":", 1)[0] + ":{provider}"
+    tags("bench:openvino")
+    proc = run_cli("bench", str(copy_example("mlp", tmp_path)), "--provider", "cpu,openvino", "--base-image",
+                   BASE_IMAGE, "--tag", tag, "--runs", "50", "--concurrency", "2", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {r["provider"]: r for r in json.loads(proc.stdout)["results"]}
+    assert set(results) == {"cpu", "openvino"}
+    assert results["openvino"]["active"][0] == "OpenVINOExecutionProvider"
+    for r in results.values():
+        assert 0 < r["model_p50_ms"] <= r["model_p99_ms"] and 0 < r["http_p50_ms"] <= r["http_p99_ms"]
+        assert r["throughput_rps"] > 0 and r["runs"] == 50 and r["concurrency"] == 2
+        assert r["model_p50_ms"] < r["http_p50_ms"]  # HTTP adds to the model's own time
