@@ -19,12 +19,13 @@ from gpux_pack.model import ModelInfo, Signature
 from gpux_pack.project import Project
 from gpux_pack.providers import BaseImage, Provider, base_for
 from gpux_pack.reference import parse_reference
+from gpux_pack.runtime import warm
 from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
 APP_DIR = "/opt/gpux"
 SITE = f"{APP_DIR}/site-packages"  # the packages installed on the host
 CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by USER, so a volume mounted there is writable
-BAKED_DIR = f"{APP_DIR}/warm"  # caches `gpux-pack warmup` bakes in (the runtime's warm.BAKED_DIR)
+BAKED_DIR = warm.BAKED_DIR  # caches `gpux-pack warmup` bakes in, where the runtime looks for them
 PYTHON = "python3"  # the base image's own interpreter, found on PATH
 GRPC_REQUIREMENTS = ("grpcio>=1.60", "protobuf>=4.25")  # with serving.grpc_port (onnxruntime brings protobuf)
 USER = "10001:10001"  # numeric: works on any base, needs no useradd in the final stage

@@ -31,13 +31,13 @@ from gpux_pack.engine import ROLE_LABEL, remove_container
 from gpux_pack.errors import BuildError, DockerError, PackError, UsageError
 from gpux_pack.plan import APP_DIR, BAKED_DIR, CACHE_DIR, created_now
 from gpux_pack.reference import parse_reference
+from gpux_pack.runtime import warm
 from gpux_pack.ui import Reporter
 
 TIMEOUT = 3600  # seconds: TensorRT engines of large models take minutes, not hours
 TAIL = 25
 MAX_CACHE_BYTES = 64 * 1024**3  # a cache folder larger than this is not copied out
 _KEY = re.compile(r"^[0-9a-f]{24}$")
-FALLBACK_DIR = "/tmp/gpux-cache"  # the runtime's warm.FALLBACK_DIR
 
 
 @dataclass(frozen=True)
@@ -133,8 +133,6 @@ def default_tag(ref: str, image: Any) -> str:
 
 
 def _short(parts: dict[str, Any], key: str) -> str:
-    from gpux_pack.runtime import warm
-
     return warm.short(parts) if parts else (key[:6] or "none")
 
 
@@ -186,7 +184,7 @@ def _run(client: Any, image_id: str, ui: Reporter, devices: Devices, timeout: in
         if state.get("cache") != "compiled" or not _KEY.match(key):
             return state, None
         # where it published: GPUX_CACHE_DIR, or /tmp/gpux-cache in an image without that folder
-        source = folder if folder in (f"{CACHE_DIR}/{key}", f"{FALLBACK_DIR}/{key}") else f"{CACHE_DIR}/{key}"
+        source = folder if folder in (f"{CACHE_DIR}/{key}", f"{warm.FALLBACK_DIR}/{key}") else f"{CACHE_DIR}/{key}"
         return state, _copy_out(container, source, key, tmp)
     except PackError:
         raise

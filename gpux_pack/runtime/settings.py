@@ -59,7 +59,7 @@ class Settings:
     max_body_bytes: int
     max_workers: int  # inference workers (threads calling session.run)
     timeout: float
-    baked_dir: Path = Path("/opt/gpux/warm")  # caches baked into the image (warm.BAKED_DIR)
+    baked_dir: Path = Path("/opt/gpux/warm")  # warm.BAKED_DIR (not imported: settings stays import-light)
     log_format: str = "text"  # text | json (one JSON object per line, access logs included)
     threads: int = 1  # ONNX Runtime intra-op threads per worker
     max_queue: int = 64  # requests waiting for a worker; beyond: 503
