@@ -333,7 +333,7 @@ def push_cmd(
 @app.command("deploy")
 def deploy_cmd(
     image: str = typer.Argument(..., help="A pushed image (name:tag with a registry digest, or name@sha256:...)."),
-    target: str = typer.Option(..., "--target", help="compose or kubernetes."),
+    target: str = typer.Option(..., "--target", help="compose, kubernetes or kserve."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder to write to (default: stdout)."),
 ) -> None:
     """Manifests that run the image pinned by digest, with its device, probes and a locked-down pod."""

@@ -1,4 +1,4 @@
-"""`gpux-pack deploy IMAGE --target compose|kubernetes`: manifests that run an image as
+"""`gpux-pack deploy IMAGE --target compose|kubernetes|kserve`: manifests that run an image as
 `gpux-pack run` does, for the orchestrator.
 
 Decisions come from the image (its labels: provider, ports, model name; its pushed digest) and
@@ -8,7 +8,11 @@ repo digest, which `gpux-pack push` or a pull leaves. Pods are locked down (non-
 read-only root, no privilege escalation, every capability dropped, the runtime's seccomp
 profile), with an emptyDir at /tmp and a cache volume at GPUX_CACHE_DIR, probes on
 /v2/health/live and /v2/health/ready (a startup probe gives warmup its time), and a
-termination grace longer than the server's drain.
+termination grace longer than the server's drain. KServe gets the same pod as an
+InferenceService whose predictor is our container: KServe reads a custom container's protocol
+from its PROTOCOL env (`v2`; `protocolVersion` is a field of runtime-backed model specs only),
+and RawDeployment mode makes a plain Deployment, so the pod spec applies as written (Knative
+restricts probes, volumes and ports).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ GRACE_SECONDS = DRAIN_SECONDS + 7  # SIGTERM -> drain -> exit, with room to spar
 UID = 10001
 # what a pod requests for each accelerator (device plugins' resource names)
 RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "gpu.intel.com/i915"}
-TARGETS = ("compose", "kubernetes")
+TARGETS = ("compose", "kubernetes", "kserve")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ def manifests(s: Subject, target: str) -> dict[str, str]:
         return {"compose.yaml": _dump([compose(s)])}
     if target == "kubernetes":
         return {f"{s.name}.yaml": _dump(kubernetes(s))}
+    if target == "kserve":
+        return {f"{s.name}-inferenceservice.yaml": _dump([kserve(s)])}
     raise UsageError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
 
 
@@ -102,38 +108,49 @@ def _probe(path: str, port: int, **more: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": port}, **more}
 
 
-def kubernetes(s: Subject) -> list[dict[str, Any]]:
-    labels = {"app.kubernetes.io/name": s.name, "app.kubernetes.io/component": "inference",
-              "app.kubernetes.io/managed-by": "gpux-pack"}  # fmt: skip
-    ports = [{"name": "http", "containerPort": s.port, "protocol": "TCP"}]
-    if s.grpc_port:
-        ports.append({"name": "grpc", "containerPort": s.grpc_port, "protocol": "TCP"})
-    container: dict[str, Any] = {
-        "name": "model",
-        "image": s.image,
-        "ports": ports,
+def _labels(s: Subject) -> dict[str, str]:
+    return {"app.kubernetes.io/name": s.name, "app.kubernetes.io/component": "inference",
+            "app.kubernetes.io/managed-by": "gpux-pack"}  # fmt: skip
+
+
+def _container(s: Subject, name: str, ports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model's container: image by digest, probes (the startup probe gives warmup, a TensorRT
+    build, up to 10 minutes), locked down, /tmp and the cache mounted."""
+    container: dict[str, Any] = {"name": name, "image": s.image, "ports": ports}
+    container.update({
         "startupProbe": _probe("/v2/health/ready", s.port, periodSeconds=2, failureThreshold=300),
         "readinessProbe": _probe("/v2/health/ready", s.port, periodSeconds=5, failureThreshold=2),
         "livenessProbe": _probe("/v2/health/live", s.port, periodSeconds=10, failureThreshold=3),
         "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR}],
-    }  # fmt: skip
+    })  # fmt: skip
     if s.device in RESOURCES:
         container["resources"] = {"limits": {RESOURCES[s.device]: 1}}
-    pod = {
+    return container
+
+
+def _pod(containers: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
         "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": GRACE_SECONDS,
-        "containers": [container],
+        "containers": containers,
         "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
                     {"name": "cache", "emptyDir": {}}],
     }  # fmt: skip
+
+
+def kubernetes(s: Subject) -> list[dict[str, Any]]:
+    labels = _labels(s)
+    ports = [{"name": "http", "containerPort": s.port, "protocol": "TCP"}]
+    if s.grpc_port:
+        ports.append({"name": "grpc", "containerPort": s.grpc_port, "protocol": "TCP"})
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": s.name, "labels": labels},
         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": pod}},
+                 "template": {"metadata": {"labels": labels}, "spec": _pod([_container(s, "model", ports)])}},
     }  # fmt: skip
     service = {
         "apiVersion": "v1", "kind": "Service",
@@ -142,6 +159,22 @@ def kubernetes(s: Subject) -> list[dict[str, Any]]:
                                                 "protocol": "TCP"} for p in ports]},
     }  # fmt: skip
     return [deployment, service]
+
+
+def kserve(s: Subject) -> dict[str, Any]:
+    """An InferenceService whose predictor is this image (KServe's one container name), serving
+    the v2 protocol over HTTP; metrics scraped from /metrics on the same port."""
+    container = _container(s, "kserve-container", [{"name": "http1", "containerPort": s.port, "protocol": "TCP"}])
+    container["env"] = [{"name": "PROTOCOL", "value": "v2"}]
+    predictor = {"minReplicas": 1, **_pod([container])}
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+        "metadata": {"name": s.name, "labels": _labels(s), "annotations": {
+            "serving.kserve.io/deploymentMode": "RawDeployment",
+            "serving.kserve.io/enable-prometheus-scraping": "true",
+            "prometheus.kserve.io/port": str(s.port), "prometheus.kserve.io/path": "/metrics"}},
+        "spec": {"predictor": predictor},
+    }  # fmt: skip
 
 
 def write(files: dict[str, str], output: Path | None) -> list[Path]:

@@ -202,3 +202,57 @@ def test_deploy_compose_validates_and_a_gpu_image_requests_its_device(pushed, tm
         schema.validate({"services": {"m": {**deploy.compose(rocm)["services"]["m"], "readonly": True}}})
     unpushed = run_cli("deploy", BASE_IMAGE, "--target", "kubernetes")
     assert unpushed.returncode == 2 and "not an image built by gpux-pack" in unpushed.stderr
+
+
+def _kserve_schema() -> dict:
+    """The InferenceService v1beta1 schema from KServe's CRD (tests/schemas), made strict as
+    `kubectl --validate=strict` is: a field the schema does not name is an error, not pruned."""
+    import gzip
+
+    schema = json.loads(gzip.decompress((Path(__file__).parents[1] / "schemas" /
+                                         "kserve-inferenceservice-v1beta1.json.gz").read_bytes()))  # fmt: skip
+
+    def strict(node):
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node and \
+                    not node.get("x-kubernetes-preserve-unknown-fields"):  # fmt: skip
+                node["additionalProperties"] = False
+            for value in node.values():
+                strict(value)
+        elif isinstance(node, list):
+            for value in node:
+                strict(value)
+
+    strict(schema)
+    return schema
+
+
+def test_deploy_kserve_validates_against_the_crd_and_speaks_v2(pushed, tmp_path):
+    import jsonschema
+    import yaml
+
+    from gpux_pack import deploy
+
+    tag, digest = pushed
+    proc = run_cli("deploy", tag, "--target", "kserve", "--output", str(tmp_path / "kserve"))
+    assert proc.returncode == 0, proc.stderr
+    (doc,) = yaml.safe_load_all((tmp_path / "kserve" / "iris-mlp-inferenceservice.yaml").read_text())
+    assert (doc["apiVersion"], doc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+    validator = jsonschema.Draft7Validator(_kserve_schema())
+    validator.validate(doc)
+    typo = json.loads(json.dumps(doc))
+    typo["spec"]["predictor"]["containers"][0]["readOnlyRootFS"] = True
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(typo)
+    predictor = doc["spec"]["predictor"]
+    (container,) = predictor["containers"]
+    assert container["name"] == "kserve-container" and container["image"] == digest
+    assert {"name": "PROTOCOL", "value": "v2"} in container["env"]
+    assert container["ports"] == [{"name": "http1", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert predictor["securityContext"]["runAsNonRoot"] is True and predictor["terminationGracePeriodSeconds"] > 8
+    assert doc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    cuda = deploy.kserve(deploy.Subject(digest, "m", "cuda", "nvidia", 8080, None))
+    validator.validate(cuda)
+    assert cuda["spec"]["predictor"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
