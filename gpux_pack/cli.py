@@ -82,8 +82,12 @@ def build(
     path: Path = PathArg,
     provider: Optional[str] = ProviderOpt,
     tag: Optional[str] = typer.Option(None, "--tag", "-t", help="Image reference; {name} {version} {provider} expand."),
-    base_image: Optional[str] = BaseOpt,
-    platform: Optional[str] = PlatformOpt,
+    base_image: Optional[list[str]] = typer.Option(
+        None, "--base-image", help="Replace the provider's default base image; PLATFORM=IMAGE for one platform."
+    ),
+    platform: Optional[str] = typer.Option(
+        None, "--platform", help="The image's platform, e.g. linux/amd64; several (with --push): an OCI index."
+    ),
     warmup: Optional[str] = WarmupOpt,
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use Docker's layer cache."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the result and errors."),
@@ -97,7 +101,10 @@ def build(
 
     started = time.perf_counter()
     ui = Reporter(quiet=quiet)  # logs go to stderr in every mode; --json owns stdout
-    options = _options(tag, base_image, platform, warmup)
+    platforms, bases = _platforms(platform, base_image, push_)
+    options = _options(tag, bases.get(None), platforms[0], warmup)
+    for name in platforms[1:] if platforms[0] else ():
+        _options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
     cli = providers.parse_provider_list(provider)
     loaded = pipeline.load(path)
     image_tag(loaded.project, "cpu", tag)  # a bad tag fails now, not after the build
@@ -108,40 +115,79 @@ def build(
         raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
     if (warmup or loaded.project.config.pack.warmup) != "never" and "tensorrt" in decision.providers:
         options = replace(options, host_has_gpu=engine.host_info(client).nvidia)
-    results, failures = _build_each(loaded, decision, options, client, ui, no_cache, refresh, push_)
-    _summary(results, failures, json_out, time.perf_counter() - started)
+    per_platform = [replace(options, platform=p, base_image=bases.get(p, bases.get(None)), multi_platform=True)
+                    for p in platforms] if len(platforms) > 1 else [options]  # fmt: skip
+    results, failures, indexes = _build_each(loaded, decision, per_platform, client, ui, no_cache, refresh, push_)
+    _summary(results, failures, json_out, time.perf_counter() - started, indexes)
     if failures:
         raise typer.Exit(max(e.exit_code for _, e in failures))
 
 
-def _build_each(loaded, decision, options, client, ui, no_cache=False, refresh=False, push_=False):
-    """Build (and push) one image per provider; a failing provider does not stop the others."""
+def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tuple[list, dict]:
+    """--platform a,b and --base-image [PLATFORM=]IMAGE...: the platforms (or [None]) and each
+    one's base (None: every platform's)."""
+    from gpux_pack.wheels import ARCHES
+
+    platforms = [p.strip() for p in platform.split(",")] if platform else [None]
+    if len(platforms) > 1:
+        if len(set(platforms)) != len(platforms) or len({ARCHES.get(p) for p in platforms}) != len(platforms):
+            raise typer.BadParameter(f"'{platform}' names a platform twice", param_hint="--platform")
+        if not push_:
+            raise typer.BadParameter("several platforms need --push: their index lives in a registry, not in the "
+                                     "engine", param_hint="--platform")  # fmt: skip
+    chosen: dict[str | None, str] = {}
+    for item in bases or []:
+        where, _, image = item.rpartition("=")  # a reference never holds '='
+        key = where or None
+        if key is not None and key not in platforms:
+            building = platform or "none given"
+            raise typer.BadParameter(f"'{item}': {where} is not a platform being built ({building})",
+                                     param_hint="--base-image")  # fmt: skip
+        if key in chosen:
+            raise typer.BadParameter(f"'{item}': a second base image for {where or 'every platform'}",
+                                     param_hint="--base-image")  # fmt: skip
+        chosen[key] = image
+    return platforms, chosen
+
+
+def _build_each(loaded, decision, per_platform, client, ui, no_cache=False, refresh=False, push_=False):
+    """Build (and push) one image per provider and platform, and one index per provider when there
+    are several platforms; a failing provider does not stop the others."""
     from gpux_pack import build as building
     from gpux_pack import pipeline
+    from gpux_pack import registry
 
-    results, failures = [], []
+    results, failures, indexes = [], [], []
     for name in decision.providers:
         try:
-            prepared = pipeline.prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
-            plan = prepared.plan
-            if prepared.runtime is not None:  # once per provider, base and lock; then only models
-                building.make_runtime(client, prepared.runtime, ui, no_cache=no_cache, platform=plan.platform)
-            baked = plan.warmup == "baked"
-            built = building.make_model(client, prepared, ui, no_cache=no_cache, tag=not baked)
-            if baked:
-                gpus = options.host_has_gpu and plan.provider.device == "nvidia"
-                built = building.bake_warmup(client, built, plan, ui, gpus=gpus)
-            pushed = pushing.push(client, built.tag, ui) if push_ else None
-            results.append((plan, prepared, built, pushed))
+            done = []
+            for options in per_platform:
+                prepared = pipeline.prepare(loaded, name, decision.reason, options, client, ui, pull=True,
+                                            refresh=refresh)  # fmt: skip
+                plan = prepared.plan
+                if prepared.runtime is not None:  # once per provider, base and lock; then only models
+                    building.make_runtime(client, prepared.runtime, ui, no_cache=no_cache, platform=plan.platform)
+                baked = plan.warmup == "baked"
+                built = building.make_model(client, prepared, ui, no_cache=no_cache, tag=not baked)
+                if baked:
+                    gpus = options.host_has_gpu and plan.provider.device == "nvidia"
+                    built = building.bake_warmup(client, built, plan, ui, gpus=gpus)
+                pushed = pushing.push(client, built.tag, ui) if push_ else None
+                done.append((plan, prepared, built, pushed))
+            if done[0][0].index_tag:
+                members = [registry.Member(plan.platform, pushed.digest.split("@", 1)[1]) for plan, _, _, pushed in done]
+                ui.info(f"writing the index {done[0][0].index_tag} ({', '.join(m.platform for m in members)})")
+                indexes.append((name, registry.push_index(client, done[0][0].index_tag, members)))
+            results.extend(done)
         except PackError as e:
             if len(decision.providers) == 1:
                 raise
             failures.append((name, e))
             _print_error(e, prefix=f"{name}: ")
-    return results, failures
+    return results, failures, indexes
 
 
-def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: float) -> None:
+def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: float, indexes: list[Any]) -> None:
     rows = []
     for plan, prepared, built, pushed in results:
         rows.append(
@@ -167,12 +213,21 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
             }
         )
     failed = [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in failures]
+    index_rows = [{"provider": name, "tag": i.tag, "digest": i.digest,
+                   "manifests": [{"platform": p, "digest": d} for p, d in i.members]} for name, i in indexes]  # fmt: skip
     if json_out:
         from gpux_pack.summary import BuildSummary
 
-        doc = BuildSummary.model_validate({"images": rows, "failed": failed, "seconds": round(seconds, 2)})
+        doc = BuildSummary.model_validate({"images": rows, "indexes": index_rows, "failed": failed,
+                                           "seconds": round(seconds, 2)})  # fmt: skip
         print(json.dumps(doc.model_dump(mode="json"), indent=2))
         return
+    _summary_text(rows, failed, seconds)
+    for i in index_rows:
+        print(f"pushed index {i['digest']}  ({', '.join(m['platform'] for m in i['manifests'])})")
+
+
+def _summary_text(rows: list[dict[str, Any]], failed: list[dict[str, Any]], seconds: float) -> None:
     if len(rows) + len(failed) == 1 and rows:
         r = rows[0]
         how = "assembled, nothing ran" if r["assembled"] else f"{r['cached_steps']}/{r['steps']} steps cached"
@@ -183,13 +238,14 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} built, {len(failed)} failed, {seconds:.1f}s")
-    for col in ("provider", "tag", "image", "size", "onnxruntime", "seconds", "result"):
+    for col in ("provider", "platform", "tag", "image", "size", "onnxruntime", "seconds", "result"):
         table.add_column(col)
     for r in rows:
-        table.add_row(*(escape(c) for c in (r["provider"], r["tag"], r["id"][7:19], f"{r['size_bytes'] / 1e6:.0f} MB",
-                                             r["onnxruntime"] or "", f"{r['seconds']:.1f}", "ok")))
+        table.add_row(*(escape(c) for c in (r["provider"], r["platform"] or "", r["tag"], r["id"][7:19],
+                                             f"{r['size_bytes'] / 1e6:.0f} MB", r["onnxruntime"] or "",
+                                             f"{r['seconds']:.1f}", "ok")))  # fmt: skip
     for f in failed:
-        table.add_row(escape(f["provider"]), "", "", "", "", "", escape(f"failed: {f['error'][:100]}"))
+        table.add_row(escape(f["provider"]), "", "", "", "", "", "", escape(f"failed: {f['error'][:100]}"))
     _console().print(table)
     for r in rows:
         if r["digest"]:
@@ -287,7 +343,7 @@ def bench_cmd(
         decision = pipeline.choose_providers(loaded, cli_providers, client, ui)
         if tag and len(decision.providers) > 1 and "{provider}" not in tag:
             raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
-        built, failures = _build_each(loaded, decision, options, client, ui)
+        built, failures, _ = _build_each(loaded, decision, [options], client, ui)
         if failures:
             raise typer.Exit(max(e.exit_code for _, e in failures))
         images = [b.tag for _, _, b, _ in built]

@@ -71,6 +71,7 @@ class Options:
     platform: str | None = None
     warmup: str | None = None  # auto | always | never
     host_has_gpu: bool = False
+    multi_platform: bool = False  # one of several platforms joined by an index under the tag
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Plan:
     created: str
     nvidia_libs: str  # wheels | base
     link_check: str  # host | image | off: see link_check_mode
+    index_tag: str | None = None  # several platforms: the index's tag (tag is this platform's)
     lock: Lock | None = None  # set by with_lock, once the wheels are resolved for target
     runtime_base: str = ""  # the tag of the runtime base image the model image builds on
 
@@ -168,6 +170,11 @@ def make_plan(
                          "give a base image of that platform with --base-image")
     if platform not in provider.platforms:
         raise UsageError(f"--platform {platform}: {provider.name} images exist for {', '.join(provider.platforms)}")
+    tag = image_tag(project, provider.name, options.tag)
+    index_tag = None
+    if options.multi_platform:  # each platform's image under <tag>-<arch>, the index under <tag>
+        repo, name = parse_reference(tag).repository_tag
+        index_tag, tag = f"{repo}:{name}", image_tag(project, provider.name, f"{repo}:{name}-{platform.split('/')[1]}")
     return Plan(
         project=project,
         model=model,
@@ -176,7 +183,8 @@ def make_plan(
         reason=reason,
         base=base,
         platform=platform,
-        tag=image_tag(project, provider.name, options.tag),
+        tag=tag,
+        index_tag=index_tag,
         warmup=warmup_mode(options.warmup or cfg.pack.warmup, provider, options.host_has_gpu),
         created=_created(),
         nvidia_libs=cfg.pack.nvidia_libs or base.nvidia_libs,

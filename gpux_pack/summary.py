@@ -33,6 +33,18 @@ class BuiltImage(_Model):
     digest: Optional[str] = Field(None, description="name@sha256:... when pushed (--push)")
 
 
+class IndexManifest(_Model):
+    platform: str = Field(description="os/architecture, e.g. linux/arm64")
+    digest: str = Field(description="name@sha256:... of that platform's image")
+
+
+class PushedIndex(_Model):
+    provider: str
+    tag: str = Field(description="The tag the OCI image index was pushed under")
+    digest: str = Field(description="name@sha256:... of the index")
+    manifests: list[IndexManifest]
+
+
 class Failure(_Model):
     provider: str
     error: str = Field(description="The one-line error")
@@ -41,6 +53,9 @@ class Failure(_Model):
 
 class BuildSummary(_Model):
     images: list[BuiltImage]
+    indexes: list[PushedIndex] = Field(
+        default_factory=list, description="--platform a,b --push: one OCI image index per provider"
+    )
     failed: list[Failure]
     seconds: float
 

@@ -256,3 +256,46 @@ def test_deploy_kserve_validates_against_the_crd_and_speaks_v2(pushed, tmp_path)
     cuda = deploy.kserve(deploy.Subject(digest, "m", "cuda", "nvidia", 8080, None))
     validator.validate(cuda)
     assert cuda["spec"]["predictor"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+
+
+def test_two_platforms_push_an_oci_index_with_amd64_and_arm64(registry, tmp_path, docker_client):
+    import requests
+
+    arm64_base = os.environ.get("GPUX_TEST_ARM64_BASE_IMAGE", "gpux-pack/debian-python:bookworm-arm64")
+    tag = f"{registry}/team/multi:1.0.0-cpu"
+    env = _docker_config(tmp_path, registry, PASSWORD)
+    refused = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64", "--tag", tag)
+    assert refused.returncode == 2 and "several platforms need --push" in refused.stderr, refused.stderr
+    proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64",
+                   "--base-image", f"linux/amd64={BASE_IMAGE}", "--base-image", f"linux/arm64={arm64_base}",
+                   "--tag", tag, "--push", "--json", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    (index,) = summary["indexes"]
+    images = {i["platform"]: i for i in summary["images"]}
+    assert set(images) == {"linux/amd64", "linux/arm64"}
+    assert images["linux/arm64"]["tag"] == f"{tag}-arm64" and index["tag"] == tag
+    assert {m["platform"]: m["digest"] for m in index["manifests"]} == {p: i["digest"] for p, i in images.items()}
+    # the registry's own view: GET the tag as an index, then each manifest and its config
+    auth = (USER, PASSWORD)
+    url = f"http://{registry}/v2/team/multi"
+    got = requests.get(f"{url}/manifests/1.0.0-cpu", auth=auth, timeout=10,
+                       headers={"Accept": "application/vnd.oci.image.index.v1+json"})  # fmt: skip
+    assert got.status_code == 200, got.text
+    assert got.headers["Content-Type"] == "application/vnd.oci.image.index.v1+json"
+    assert index["digest"] == f"{registry}/team/multi@{got.headers['Docker-Content-Digest']}"
+    listed = {(m["platform"]["os"], m["platform"]["architecture"]): m for m in got.json()["manifests"]}
+    assert set(listed) == {("linux", "amd64"), ("linux", "arm64")}
+    for (_, arch), entry in listed.items():
+        manifest = requests.get(f"{url}/manifests/{entry['digest']}", auth=auth, timeout=10,
+                                headers={"Accept": entry["mediaType"]})  # fmt: skip
+        assert manifest.status_code == 200 and len(manifest.content) == entry["size"]
+        config = requests.get(f"{url}/blobs/{manifest.json()['config']['digest']}", auth=auth, timeout=10).json()
+        assert config["architecture"] == arch and config["os"] == "linux"
+    # and the engine resolves the index to the platform it asks for
+    for t in (f"{tag}-amd64", f"{tag}-arm64"):  # the index has no local tag
+        docker_client.images.remove(t, force=True)
+    pulled = docker_client.images.pull(f"{registry}/team/multi", tag="1.0.0-cpu", platform="linux/arm64",
+                                       auth_config={"username": USER, "password": PASSWORD})  # fmt: skip
+    assert pulled.attrs["Architecture"] == "arm64"
+    docker_client.images.remove(pulled.id, force=True)

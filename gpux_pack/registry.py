@@ -1,0 +1,187 @@
+"""An OCI image index under a tag, written through the registry's HTTP API: the engine pushes one
+image per platform, but has no API for the index that joins them (buildx and `docker manifest`
+are CLI plugins; we need neither). Credentials are the user's Docker config, read by the
+Docker SDK (logins, credential helpers and stores); the token dance is the distribution spec's
+(401 + WWW-Authenticate Basic or Bearer). A registry the engine treats as insecure (loopback, or
+listed in insecure-registries) may answer over plain HTTP, as the engine allows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gpux_pack.errors import DockerError
+from gpux_pack.push import explain
+from gpux_pack.reference import parse_reference
+
+INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFESTS = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
+TIMEOUT = 30
+
+
+@dataclass(frozen=True)
+class Member:
+    """One platform's pushed image, as the index lists it."""
+
+    platform: str  # linux/amd64
+    digest: str  # sha256:...
+
+
+@dataclass(frozen=True)
+class Index:
+    tag: str  # repo:tag
+    digest: str  # repo@sha256:... of the index
+    members: tuple[tuple[str, str], ...]  # (platform, repo@sha256:...)
+
+
+def platform_of(platform: str) -> dict[str, str]:
+    """linux/arm64 -> the descriptor's platform object (arm64 is v8, as registries list it)."""
+    os_, arch = platform.split("/")[:2]
+    return {"architecture": arch, "os": os_, **({"variant": "v8"} if arch == "arm64" else {})}
+
+
+class Registry:
+    """One repository of one registry, with the user's credentials."""
+
+    def __init__(self, client: Any, repository: str) -> None:
+        import docker.auth
+
+        first = repository.split("/")[0]
+        if "/" in repository and ("." in first or ":" in first or first == "localhost"):
+            self.name, self.path = first, repository.split("/", 1)[1]
+        else:  # Docker Hub
+            self.name, self.path = "docker.io", repository if "/" in repository else f"library/{repository}"
+        self.host = "registry-1.docker.io" if self.name == "docker.io" else self.name
+        self.repository = repository
+        env = getattr(client.api, "credstore_env", None)
+        self.auth = docker.auth.resolve_authconfig(docker.auth.load_config(credstore_env=env), self.name, env) or {}
+        self.insecure = _insecure(client, self.name)
+        self.token: str | None = None
+        self.scheme = "https"
+
+    def _basic(self) -> tuple[str, str] | None:
+        if self.auth.get("username") and self.auth.get("password"):
+            return self.auth["username"], self.auth["password"]
+        return None
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        """One call to /v2/<name>/..., authenticating when the registry asks."""
+        import requests
+
+        url = f"/v2/{self.path}/{path}"
+        for attempt in range(2):
+            headers = dict(kw.pop("headers", {}) or {}, **({"Authorization": f"Bearer {self.token}"} if self.token else {}))
+            try:
+                response = self._send(method, url, headers=headers, auth=None if self.token else self._basic(), **kw)
+            except requests.RequestException as e:
+                raise DockerError(f"registry {self.name} unreachable ({type(e).__name__}: {str(e)[:200]})") from None
+            kw["headers"] = {k: v for k, v in headers.items() if k != "Authorization"}
+            if response.status_code == 401 and attempt == 0 and self._login(response.headers.get("WWW-Authenticate", "")):
+                continue
+            return response
+        return response
+
+    def _send(self, method: str, url: str, **kw: Any) -> Any:
+        import requests
+
+        try:
+            return requests.request(method, f"{self.scheme}://{self.host}{url}", timeout=TIMEOUT, **kw)
+        except (requests.exceptions.SSLError, requests.exceptions.ConnectionError):
+            if not self.insecure or self.scheme == "http":
+                raise
+            self.scheme = "http"  # as the engine does for an insecure registry
+            return requests.request(method, f"http://{self.host}{url}", timeout=TIMEOUT, **kw)
+
+    def _login(self, challenge: str) -> bool:
+        """Answer a Bearer challenge with a token for pull and push on this repository."""
+        import requests
+
+        if not challenge.lower().startswith("bearer "):
+            return False  # Basic: the credentials went with the request already
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+        if "realm" not in fields:
+            return False
+        params = {"service": fields.get("service", ""), "scope": f"repository:{self.path}:pull,push"}
+        try:
+            response = requests.get(fields["realm"], params=params, auth=self._basic(), timeout=TIMEOUT)
+        except requests.RequestException as e:
+            raise DockerError(f"registry {self.name}: token service unreachable ({type(e).__name__})") from None
+        if response.status_code != 200:
+            return False
+        body = response.json()
+        self.token = body.get("token") or body.get("access_token")
+        return bool(self.token)
+
+    def descriptor(self, member: Member) -> dict[str, Any]:
+        """The index entry for one pushed manifest: its media type and size as the registry has it."""
+        response = self.request("GET", f"manifests/{member.digest}", headers={"Accept": ", ".join(MANIFESTS)})
+        self.check(response, f"manifest {member.digest}")
+        body = response.content
+        if f"sha256:{hashlib.sha256(body).hexdigest()}" != member.digest:
+            raise DockerError(f"registry {self.name} returned other bytes for {self.repository}@{member.digest}")
+        media = json.loads(body).get("mediaType") or response.headers.get("Content-Type", "").split(";")[0]
+        if media not in MANIFESTS:
+            raise DockerError(f"{self.repository}@{member.digest} is a {media or 'manifest of no type'}, not an image")
+        return {"mediaType": media, "digest": member.digest, "size": len(body), "platform": platform_of(member.platform)}
+
+    def put_index(self, tag: str, members: list[Member]) -> Index:
+        index = {"schemaVersion": 2, "mediaType": INDEX, "manifests": [self.descriptor(m) for m in members]}
+        body = json.dumps(index, separators=(",", ":")).encode()
+        response = self.request("PUT", f"manifests/{tag}", data=body, headers={"Content-Type": INDEX})
+        self.check(response, f"index {self.repository}:{tag}")
+        digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
+        if response.headers.get("Docker-Content-Digest", digest) != digest:
+            raise DockerError(f"registry {self.name} stored the index of {self.repository}:{tag} under another digest")
+        return Index(f"{self.repository}:{tag}", f"{self.repository}@{digest}",
+                     tuple((m.platform, f"{self.repository}@{m.digest}") for m in members))  # fmt: skip
+
+    def check(self, response: Any, what: str) -> None:
+        if response.status_code < 300:
+            return
+        try:
+            errors = response.json().get("errors") or []
+            text = "; ".join(f"{e.get('code', '')} {e.get('message', '')}".strip() for e in errors)
+        except ValueError:
+            text = ""
+        text = text or f"HTTP {response.status_code}"
+        if response.status_code == 401 and "unauthorized" not in text.lower():
+            text = f"unauthorized: {text}"
+        raise DockerError(f"{what} on {self.name} failed: {explain(text, self.name)}")
+
+
+def _insecure(client: Any, registry: str) -> bool:
+    """Whether the engine would talk plain HTTP to this registry (loopback, or its insecure list)."""
+    host = registry.rsplit(":", 1)[0].strip("[]") if registry.count(":") <= 1 or registry.startswith("[") else registry
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is not None and address.is_loopback:
+        return True
+    try:
+        config = client.info().get("RegistryConfig") or {}
+    except Exception:
+        return False
+    if (config.get("IndexConfigs") or {}).get(registry, {}).get("Secure") is False:
+        return True
+    if address is not None:
+        for cidr in config.get("InsecureRegistryCIDRs") or []:
+            try:
+                if address in ipaddress.ip_network(cidr):
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
+def push_index(client: Any, tag: str, members: list[Member]) -> Index:
+    """Write the index for `members` (already pushed to tag's repository) under tag."""
+    repo, name = parse_reference(tag).repository_tag
+    return Registry(client, repo).put_index(name, members)

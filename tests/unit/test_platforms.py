@@ -1,0 +1,35 @@
+"""--platform a,b and --base-image PLATFORM=IMAGE: what each platform gets, and refusals."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from gpux_pack.cli import _platforms
+from gpux_pack.registry import platform_of
+
+
+def test_each_platform_gets_its_base_and_a_plain_base_is_for_all():
+    platforms, bases = _platforms("linux/amd64,linux/arm64", ["linux/arm64=arm:1", "any:1"], True)
+    assert platforms == ["linux/amd64", "linux/arm64"]
+    assert bases == {"linux/arm64": "arm:1", None: "any:1"}
+    assert _platforms(None, ["img:1"], False) == ([None], {None: "img:1"})
+
+
+@pytest.mark.parametrize(
+    ("platform", "bases", "push", "message"),
+    [
+        ("linux/amd64,linux/arm64", [], False, "several platforms need --push"),
+        ("linux/arm64,linux/arm64/v8", [], True, "names a platform twice"),
+        ("linux/amd64,linux/arm64", ["linux/s390x=img:1"], True, "linux/s390x is not a platform being built"),
+        ("linux/amd64", ["a:1", "b:1"], True, "a second base image for every platform"),
+    ],
+)
+def test_refusals_name_the_option(platform, bases, push, message):
+    with pytest.raises(typer.BadParameter, match=message):
+        _platforms(platform, bases, push)
+
+
+def test_descriptor_platforms():
+    assert platform_of("linux/amd64") == {"architecture": "amd64", "os": "linux"}
+    assert platform_of("linux/arm64") == {"architecture": "arm64", "os": "linux", "variant": "v8"}
