@@ -20,6 +20,7 @@ from tests.conftest import BASE_IMAGE, EXAMPLES, run_cli, serve
 pytestmark = pytest.mark.e2e
 
 USER, PASSWORD = "gpux", "s3cret-pass"
+ARM64_BASE = os.environ.get("GPUX_TEST_ARM64_BASE_IMAGE", "gpux-pack/debian-python:bookworm-arm64")
 
 
 def _free_port() -> int:
@@ -28,22 +29,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    """host:port of a registry that wants USER/PASSWORD; stopped (and its storage removed) after."""
-    import bcrypt
-
+def _start_registry(root: Path, auth: str) -> tuple[subprocess.Popen, str]:
+    """Distribution 2.8 on a free 127.0.0.1 port with the given `auth:` section; returns once it
+    answers /v2/ with 401 (up, and asking for credentials)."""
     binary = shutil.which("docker-registry")
     if binary is None:
         pytest.fail("the push tests need Debian's docker-registry package (`bash scripts/dev test` installs it)")
-    root = tmp_path_factory.mktemp("registry")
-    (root / "htpasswd").write_text(f"{USER}:{bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=5)).decode()}\n")
     port = _free_port()
     (root / "config.yml").write_text(
         "version: 0.1\nlog: {level: warn}\n"
         f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: true}}}}\n"
         f"http: {{addr: '127.0.0.1:{port}'}}\n"
-        f"auth: {{htpasswd: {{realm: test, path: {root / 'htpasswd'}}}}}\n"
+        f"auth: {auth}\n"
     )
     proc = subprocess.Popen([binary, "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
                             stderr=open(root / "registry.log", "wb"))  # fmt: skip
@@ -53,15 +50,95 @@ def registry(tmp_path_factory):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
         except urllib.error.HTTPError as e:
             if e.code == 401:
-                break  # up, and asking for credentials
+                return proc, f"127.0.0.1:{port}"
         except OSError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
             pytest.fail(f"the registry did not start: {(root / 'registry.log').read_text()[-2000:]}")
         time.sleep(0.05)
-    yield f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """host:port of a registry that wants USER/PASSWORD (Basic); stopped (and its storage removed) after."""
+    import bcrypt
+
+    root = tmp_path_factory.mktemp("registry")
+    (root / "htpasswd").write_text(f"{USER}:{bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=5)).decode()}\n")
+    proc, address = _start_registry(root, f"{{htpasswd: {{realm: test, path: {root / 'htpasswd'}}}}}")
+    yield address
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory):
+    """host:port of a registry with Bearer-token auth as Docker Hub and GHCR have it: a token
+    service here (RS256 JWTs with an x5c chain the registry trusts) grants pull,push to
+    USER/PASSWORD and nothing to anyone else."""
+    import datetime
+    import http.server
+    import threading
+    import urllib.parse
+
+    import jwt
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    root = tmp_path_factory.mktemp("token-registry")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpux-test-token-issuer")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))  # fmt: skip
+    (root / "issuer.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    chain = [base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()]
+    issued = []
+
+    class Tokens(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            given = self.headers.get("Authorization", "")
+            good = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+            if given != good:
+                self.send_response(401)
+                self.end_headers()
+                return
+            query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            access = []
+            for scope in query.get("scope", []):
+                kind, repo, actions = scope.split(":")
+                access.append({"type": kind, "name": repo, "actions": actions.split(",")})
+            stamp = int(time.time())
+            claims = {"iss": "gpux-test", "sub": USER, "aud": query.get("service", [""])[0], "iat": stamp,
+                      "nbf": stamp - 60, "exp": stamp + 600, "jti": str(stamp) + str(len(issued)), "access": access}
+            token = jwt.encode(claims, key, algorithm="RS256", headers={"x5c": chain})
+            issued.append(access)
+            body = json.dumps({"token": token, "access_token": token, "expires_in": 600}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Tokens)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    realm = f"http://127.0.0.1:{server.server_address[1]}/token"
+    proc, address = _start_registry(
+        root, f"{{token: {{realm: '{realm}', service: gpux-test-registry, issuer: gpux-test, "
+              f"rootcertbundle: {root / 'issuer.pem'}}}}}")  # fmt: skip
+    yield address, issued
+    proc.terminate()
+    proc.wait(timeout=10)
+    server.shutdown()
 
 
 def _docker_config(tmp_path: Path, registry: str, password: str) -> dict[str, str]:
@@ -258,16 +335,13 @@ def test_deploy_kserve_validates_against_the_crd_and_speaks_v2(pushed, tmp_path)
     assert cuda["spec"]["predictor"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
 
 
-def test_two_platforms_push_an_oci_index_with_amd64_and_arm64(registry, tmp_path, docker_client):
+def _two_platforms(registry: str, env: dict[str, str], authorization: str, docker_client) -> None:
+    """examples/mlp for amd64 and arm64 pushed with an index; the registry's and the engine's view."""
     import requests
 
-    arm64_base = os.environ.get("GPUX_TEST_ARM64_BASE_IMAGE", "gpux-pack/debian-python:bookworm-arm64")
     tag = f"{registry}/team/multi:1.0.0-cpu"
-    env = _docker_config(tmp_path, registry, PASSWORD)
-    refused = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64", "--tag", tag)
-    assert refused.returncode == 2 and "several platforms need --push" in refused.stderr, refused.stderr
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64",
-                   "--base-image", f"linux/amd64={BASE_IMAGE}", "--base-image", f"linux/arm64={arm64_base}",
+                   "--base-image", f"linux/amd64={BASE_IMAGE}", "--base-image", f"linux/arm64={ARM64_BASE}",
                    "--tag", tag, "--push", "--json", env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
@@ -277,20 +351,20 @@ def test_two_platforms_push_an_oci_index_with_amd64_and_arm64(registry, tmp_path
     assert images["linux/arm64"]["tag"] == f"{tag}-arm64" and index["tag"] == tag
     assert {m["platform"]: m["digest"] for m in index["manifests"]} == {p: i["digest"] for p, i in images.items()}
     # the registry's own view: GET the tag as an index, then each manifest and its config
-    auth = (USER, PASSWORD)
     url = f"http://{registry}/v2/team/multi"
-    got = requests.get(f"{url}/manifests/1.0.0-cpu", auth=auth, timeout=10,
-                       headers={"Accept": "application/vnd.oci.image.index.v1+json"})  # fmt: skip
+    auth = {"Authorization": authorization}
+    got = requests.get(f"{url}/manifests/1.0.0-cpu", timeout=10,
+                       headers={**auth, "Accept": "application/vnd.oci.image.index.v1+json"})  # fmt: skip
     assert got.status_code == 200, got.text
     assert got.headers["Content-Type"] == "application/vnd.oci.image.index.v1+json"
     assert index["digest"] == f"{registry}/team/multi@{got.headers['Docker-Content-Digest']}"
     listed = {(m["platform"]["os"], m["platform"]["architecture"]): m for m in got.json()["manifests"]}
     assert set(listed) == {("linux", "amd64"), ("linux", "arm64")}
     for (_, arch), entry in listed.items():
-        manifest = requests.get(f"{url}/manifests/{entry['digest']}", auth=auth, timeout=10,
-                                headers={"Accept": entry["mediaType"]})  # fmt: skip
+        manifest = requests.get(f"{url}/manifests/{entry['digest']}", timeout=10,
+                                headers={**auth, "Accept": entry["mediaType"]})  # fmt: skip
         assert manifest.status_code == 200 and len(manifest.content) == entry["size"]
-        config = requests.get(f"{url}/blobs/{manifest.json()['config']['digest']}", auth=auth, timeout=10).json()
+        config = requests.get(f"{url}/blobs/{manifest.json()['config']['digest']}", headers=auth, timeout=10).json()
         assert config["architecture"] == arch and config["os"] == "linux"
     # and the engine resolves the index to the platform it asks for
     for t in (f"{tag}-amd64", f"{tag}-arm64"):  # the index has no local tag
@@ -299,3 +373,32 @@ def test_two_platforms_push_an_oci_index_with_amd64_and_arm64(registry, tmp_path
                                        auth_config={"username": USER, "password": PASSWORD})  # fmt: skip
     assert pulled.attrs["Architecture"] == "arm64"
     docker_client.images.remove(pulled.id, force=True)
+
+
+def test_two_platforms_push_an_oci_index_with_amd64_and_arm64(registry, tmp_path, docker_client):
+    tag = f"{registry}/team/multi:1.0.0-cpu"
+    refused = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64", "--tag", tag)
+    assert refused.returncode == 2 and "several platforms need --push" in refused.stderr, refused.stderr
+    basic = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    _two_platforms(registry, _docker_config(tmp_path, registry, PASSWORD), basic, docker_client)
+
+
+def test_the_index_goes_to_a_bearer_token_registry_and_a_wrong_password_is_one_line(token_registry, tmp_path,
+                                                                                   docker_client):  # fmt: skip
+    import requests
+
+    registry, issued = token_registry
+    challenge = requests.get(f"http://{registry}/v2/", timeout=10).headers["WWW-Authenticate"]
+    assert challenge.startswith("Bearer realm=")
+    realm = challenge.split('realm="')[1].split('"')[0]
+    token = requests.get(realm, params={"service": "gpux-test-registry", "scope": "repository:team/multi:pull"},
+                         auth=(USER, PASSWORD), timeout=10).json()["token"]  # fmt: skip
+    _two_platforms(registry, _docker_config(tmp_path, registry, PASSWORD), f"Bearer {token}", docker_client)
+    assert {"type": "repository", "name": "team/multi", "actions": ["pull", "push"]} in [a for g in issued for a in g]
+    # with a wrong password the token service refuses: the push fails first, one line, exit 1
+    proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64",
+                   "--base-image", f"linux/amd64={BASE_IMAGE}", "--base-image", f"linux/arm64={ARM64_BASE}",
+                   "--tag", f"{registry}/team/multi:wrong", "--push",
+                   env=_docker_config(tmp_path, registry, "wrong"))  # fmt: skip
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(lines) == 1 and "authentication failed" in lines[0], proc.stderr[-2000:]
