@@ -71,6 +71,7 @@ class Provider:
     run_flags: str = ""  # what `docker run` needs for the device
     cuda: str | None = None  # CUDA major version of this flavour
     link_hint: str = ""  # what to do when the link check fails
+    cache_caveat: str = ""  # why a baked or volume cache saves no start time, when it does not
     env: tuple[tuple[str, str], ...] = ()  # the image's environment for this provider
     template: str = ""
     # Newest ai.onnx / ai.onnx.ml opsets this onnxruntime release loads (it refuses newer ones):
@@ -224,6 +225,8 @@ PROVIDERS: dict[str, Provider] = {
             bases={"default": BaseImage("python:3.11-slim", "3.11", (2, 36))},
             libraries=("libonnxruntime_providers_openvino.so", "libopenvino_intel_cpu_plugin.so"),
             run_flags="(Intel GPU: --device /dev/dri)",
+            cache_caveat="onnxruntime-openvino's OpenVINO has no IR reader (libopenvino_ir_frontend.so), so it "
+            "cannot import the blobs it writes: the cache is kept and verified, but each start compiles again",
         ),
     )
 }
