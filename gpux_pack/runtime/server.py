@@ -93,6 +93,8 @@ class App:
         def work() -> None:
             try:
                 self.model.warmup()
+                if self.model.warmup_state.get("state") == "done":
+                    self.model.tune_threads()
             except AccuracyError as e:  # wrong answers are worse than none: stop, exit 1
                 log.error("gpux: %s", e)
                 self.failed = str(e)

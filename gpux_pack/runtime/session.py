@@ -45,7 +45,9 @@ class Model:
     overridable: list[TensorSpec] = field(default_factory=list)
     cache: warm.Cache | None = None
     profiling: bool = False  # warmup's profile is on (ended by warmup)
+    threads: dict[str, Any] = field(default_factory=dict)  # /info's threads: the count and why
     _reference: tuple[dict[str, Any], dict[str, Any]] | None = None
+    path: Path | None = None  # the model file the session loaded
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -78,16 +80,7 @@ class Model:
         if context_model is not None and cache.source != "compiled" and context_model.is_file():
             path = context_model  # a TensorRT EP context model: the engine loads without the builder
             usable = [(n, {k: v for k, v in o.items() if k != "trt_dump_ep_context_model"}) for n, o in usable]
-        opts = ort.SessionOptions()
-        opts.log_severity_level = {"debug": 0, "info": 2, "warning": 2}.get(settings.log_level, 3)
-        # threads from the CPUs this container may use (its cgroup), not the host's
-        opts.intra_op_num_threads = settings.threads
-        opts.inter_op_num_threads = 1
-        # no spinning between kernels: the HTTP side needs those CPU cycles (ORT's threads would
-        # busy-wait on the very cores that parse the next request)
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # no CPU arena: memory a large request took goes back, instead of staying with the arena
-        opts.enable_cpu_mem_arena = False
+        opts = _session_options(settings, settings.threads)
         user_profiling = bool(spec.get("runtime", {}).get("enable_profiling"))
         if user_profiling or warm_up:
             opts.enable_profiling = True
@@ -139,6 +132,8 @@ class Model:
             if t["name"] in takes
         ]
         model = cls(settings, session, inputs, outputs, requested, active, load_seconds, overridable=overridable)
+        model.threads = {"intra_op": settings.threads, "chosen": "GPUX_THREADS" if settings.threads_set else "cpus"}
+        model.path = path
         model.cache = cache
         model.profiling = (user_profiling or warm_up) and not user_profiling
         return model
@@ -206,6 +201,42 @@ class Model:
                 state.update(state="failed", error=problem)
                 raise AccuracyError(problem)
         return state
+
+    def tune_threads(self) -> dict[str, Any]:
+        """On CPU with the thread count left to us: time one warm run with every CPU against one
+        thread, alternating, and keep one thread when more do not make this model faster (small
+        kernels: extra threads cost the HTTP side its CPU and speed nothing up). Before ready,
+        so no request sees the swap. Skipped for slow runs (parallelism pays there) and for
+        models too large to hold twice for a moment."""
+        import onnxruntime as ort
+
+        settings, current = self.settings, self.threads
+        limits = settings.limits
+        size = int(self.spec["model"].get("size_bytes") or 0)
+        if settings.threads_set or settings.threads < 2 or self.active[:1] != ["CPUExecutionProvider"] or \
+                self.path is None or (limits is not None and size * 4 > limits.memory) or size > MAX_TUNE_BYTES or \
+                self.spec.get("runtime", {}).get("enable_profiling"):  # fmt: skip
+            return current
+        feeds = (self.warmup_feeds() or [{}])[0]
+        try:
+            self.session.run(None, feeds)
+            if _median_ms(self.session, feeds, 3) > MAX_TUNE_RUN_MS:
+                return current
+            single = ort.InferenceSession(str(self.path), _session_options(settings, 1),
+                                          providers=["CPUExecutionProvider"])  # fmt: skip
+            many_ms, one_ms = _alternate(self.session, single, feeds)
+        except Exception as e:  # measuring is an optimisation: never a reason not to serve
+            log.warning("could not measure thread counts (%s); keeping %d", _last_line(e), settings.threads)
+            return current
+        measured = {str(settings.threads): round(many_ms, 3), "1": round(one_ms, 3)}
+        if one_ms <= many_ms * (1 + TUNE_MARGIN):
+            self.session = single
+            self.threads = {"intra_op": 1, "chosen": "measured", "run_ms": measured}
+            log.info("intra-op threads: 1 (a run takes %.2f ms with 1 thread, %.2f ms with %d: more threads do not "
+                     "speed this model up; the other CPUs serve HTTP)", one_ms, many_ms, settings.threads)  # fmt: skip
+        else:
+            self.threads = {**current, "chosen": "measured", "run_ms": measured}
+        return self.threads
 
     def publish_cache(self, extra: dict[str, Any] | None = None) -> None:
         """Make what the provider compiled here available to the next container (see warm.py);
@@ -287,10 +318,55 @@ class Model:
             "execution_providers": {"requested": self.requested, "active": self.active},
             "onnxruntime": ort.__version__,
             "warmup": self.warmup_info(),
+            "threads": self.threads,
             "load_seconds": round(self.load_seconds, 4),
             "metadata": spec.get("metadata", {}),
             "gpux_pack": spec.get("pack_version"),
         }
+
+
+MAX_TUNE_BYTES = 512 << 20  # larger models keep every CPU: no second session, even briefly
+MAX_TUNE_RUN_MS = 50.0  # a run this slow gains from parallelism or is not worth measuring at start
+TUNE_MARGIN = 0.1  # one thread within 10% of every CPU: one thread
+
+
+def _session_options(settings: Settings, threads: int) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = {"debug": 0, "info": 2, "warning": 2}.get(settings.log_level, 3)
+    # threads from the CPUs this container may use (its cgroup), not the host's
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    # no spinning between kernels: the HTTP side needs those CPU cycles (ORT's threads would
+    # busy-wait on the very cores that parse the next request)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # no CPU arena: memory a large request took goes back, instead of staying with the arena
+    opts.enable_cpu_mem_arena = False
+    return opts
+
+
+def _median_ms(session: Any, feeds: dict[str, Any], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - started)
+    return 1000 * float(np.median(times))
+
+
+def _alternate(a: Any, b: Any, feeds: dict[str, Any], budget: float = 0.6, most: int = 40) -> tuple[float, float]:
+    """Median run time (ms) of two sessions, run in turn (a noisy machine slows both alike)."""
+    b.run(None, feeds)
+    times_a: list[float] = []
+    times_b: list[float] = []
+    deadline = time.perf_counter() + budget
+    while len(times_a) < most and (len(times_a) < 5 or time.perf_counter() < deadline):
+        for session, times in ((a, times_a), (b, times_b)):
+            started = time.perf_counter()
+            session.run(None, feeds)
+            times.append(time.perf_counter() - started)
+    return 1000 * float(np.median(times_a)), 1000 * float(np.median(times_b))
 
 
 def _diagnose(spec: dict[str, Any]) -> str:

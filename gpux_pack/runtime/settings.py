@@ -62,6 +62,7 @@ class Settings:
     baked_dir: Path = Path("/opt/gpux/warm")  # warm.BAKED_DIR (not imported: settings stays import-light)
     log_format: str = "text"  # text | json (one JSON object per line, access logs included)
     threads: int = 1  # ONNX Runtime intra-op threads per worker
+    threads_set: bool = False  # GPUX_THREADS was given: warmup does not measure another count
     max_queue: int = 64  # requests waiting for a worker; beyond: 503
     max_request_bytes: int = 1 << 30  # tensor bytes one request may hold; beyond: 413
     max_in_flight_bytes: int = 1 << 31  # request bytes all requests in flight may hold; beyond: 503
@@ -121,6 +122,7 @@ class Settings:
             timeout=timeout or float(serving.get("timeout", 30)),
             log_format=log_format or "text",
             threads=threads or max(1, lim.cpus // workers) if on_cpu else (threads or lim.cpus),
+            threads_set=threads is not None,
             max_queue=max_queue or max(16, 4 * workers * (batch[0] if batch else 4)),
             max_request_bytes=max_request or resources.default_request_bytes(lim),
             max_in_flight_bytes=resources.default_in_flight_bytes(lim),

@@ -626,3 +626,39 @@ def test_grpc_messages_match_tritonclients():
     for method, (request, response) in grpc_v2.METHODS.items():
         m = service.methods_by_name[method]
         assert (m.input_type.name, m.output_type.name) == (request, response)
+
+
+def _two_cpus(folder: Path, **env: str) -> Settings:
+    from gpux_pack.runtime import resources
+
+    return Settings.load({"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache"), **env},
+                         limits=resources.Limits(cpus=2, memory=8 << 30, memory_from="cgroup"))  # fmt: skip
+
+
+@pytest.mark.parametrize(("many_ms", "one_ms", "kept"), [(1.0, 1.05, 1), (1.0, 2.0, 2)])
+def test_warmup_keeps_one_thread_only_when_more_do_not_speed_the_model_up(tmp_path, monkeypatch, many_ms, one_ms,
+                                                                          kept):  # fmt: skip
+    from gpux_pack.runtime import session as session_module
+
+    monkeypatch.setattr(session_module, "_alternate", lambda a, b, feeds: (many_ms, one_ms))  # the timing, fixed
+    model = Model.load(_two_cpus(spec_dir(tmp_path, "mlp")))
+    assert model.threads == {"intra_op": 2, "chosen": "cpus"}
+    feeds = {"features": np.array([[5.1, 3.5, 1.4, 0.2]], np.float32)}
+    before = model.run(feeds)
+    model.warmup()
+    assert model.tune_threads() == {"intra_op": kept, "chosen": "measured", "run_ms": {"2": many_ms, "1": one_ms}}
+    assert model.info()["threads"]["intra_op"] == kept
+    after = model.run(feeds)
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # the swapped session answers alike
+
+
+def test_gpux_threads_is_never_second_guessed_and_real_timings_decide(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    fixed = Model.load(_two_cpus(spec_dir(tmp_path / "a", "mlp"), GPUX_THREADS="2"))
+    fixed.warmup()
+    assert fixed.tune_threads() == {"intra_op": 2, "chosen": "GPUX_THREADS"}
+    measured = Model.load(_two_cpus(spec_dir(tmp_path / "b", "mlp")))
+    measured.warmup()
+    chosen = measured.tune_threads()  # really timed: either count, with both medians
+    assert chosen["chosen"] == "measured" and chosen["intra_op"] in (1, 2) and set(chosen["run_ms"]) == {"1", "2"}
