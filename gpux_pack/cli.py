@@ -125,7 +125,7 @@ def build(
 
 def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tuple[list, dict]:
     """--platform a,b and --base-image [PLATFORM=]IMAGE...: the platforms (or [None]) and each
-    one's base (None: every platform's)."""
+    one's base (None: every platform's; the last given for a platform wins)."""
     from gpux_pack.wheels import ARCHES
 
     platforms = [p.strip() for p in platform.split(",")] if platform else [None]
@@ -143,10 +143,7 @@ def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tu
             building = platform or "none given"
             raise typer.BadParameter(f"'{item}': {where} is not a platform being built ({building})",
                                      param_hint="--base-image")  # fmt: skip
-        if key in chosen:
-            raise typer.BadParameter(f"'{item}': a second base image for {where or 'every platform'}",
-                                     param_hint="--base-image")  # fmt: skip
-        chosen[key] = image
+        chosen[key] = image  # a later one for the same platform wins, as with any option given twice
     return platforms, chosen
 
 

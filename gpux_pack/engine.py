@@ -92,28 +92,41 @@ def _is_local(client: Any) -> bool:
 # base image
 
 
-def base_image(client: Any, image: str, pull: bool, log: Callable[[str], None]) -> dict[str, Any] | None:
-    """The base image's `docker image inspect` attributes, pulled first when absent and
+def base_image(client: Any, image: str, pull: bool, log: Callable[[str], None],
+               platform: str | None = None) -> dict[str, Any] | None:
+    """The base image's `docker image inspect` attributes, pulled first when absent (or present
+    for another platform than the one asked for: a multi-platform base serves each in turn) and
     allowed; None when absent and not to be pulled. Nothing runs in it."""
     import docker
 
     try:
-        return client.images.get(image).attrs
+        attrs = client.images.get(image).attrs
+        if platform is None or not pull or _platform_of(attrs) == _normal(platform):
+            return attrs
     except docker.errors.ImageNotFound:
         if not pull:
             return None
     except docker.errors.APIError as e:
         raise DockerError(f"cannot inspect base image {image}: {_short(e)}") from None
-    log(f"pulling base image {image}")
+    log(f"pulling base image {image}{f' for {platform}' if platform else ''}")
     repo, tag = parse_reference(image).repository_tag
     try:
-        client.api.pull(repo, tag=tag)
+        client.api.pull(repo, tag=tag, platform=platform)
         return client.images.get(image).attrs
     except Exception as e:
         raise DockerError(
-            f"base image {image} is not present and cannot be pulled ({_short(e)}); "
-            "pull or load it, or pick another with --base-image"
+            f"base image {image} is not present{f' for {platform}' if platform else ''} and cannot be pulled "
+            f"({_short(e)}); pull or load it, or pick another with --base-image"
         ) from None
+
+
+def _platform_of(attrs: dict[str, Any]) -> str:
+    return _normal(f"{attrs.get('Os') or 'linux'}/{attrs.get('Architecture') or 'amd64'}")
+
+
+def _normal(platform: str) -> str:
+    """linux/arm64/v8 -> linux/arm64: the variant does not choose between our platforms."""
+    return "/".join(platform.split("/")[:2])
 
 
 def remove_container(container: Any) -> None:

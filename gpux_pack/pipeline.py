@@ -116,7 +116,7 @@ def plan_for(
     project = loaded.project
     provider = providers.get(provider_name, cuda=project.config.pack.cuda)
     base = base_facts(choose_base(project, provider, options), options.platform, project.config.pack.python,
-                      client, ui, pull)
+                      client, ui, pull, for_platform=options.multi_platform)
     return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options)
 
 
@@ -127,12 +127,16 @@ def locked(plan: Plan, ui: Reporter, refresh: bool = False) -> Plan:
 
 
 def base_facts(
-    base: BaseImage, platform: str | None, python: str | None, client: Any | None, ui: Reporter, pull: bool
+    base: BaseImage, platform: str | None, python: str | None, client: Any | None, ui: Reporter, pull: bool,
+    for_platform: bool = False,
 ) -> BaseImage:
     """Python, glibc and architecture of the base image, read on the host from its files
     (exported once per image id; nothing runs, so a foreign architecture works). Without an
-    engine, the provider table's facts (with pack.python, when given)."""
-    attrs = engine.base_image(client, base.image, pull, ui.info) if client is not None else None
+    engine, the provider table's facts (with pack.python, when given). for_platform (one of
+    several platforms): a base present for another platform is pulled for this one (one
+    multi-platform base serves all); otherwise a mismatch is the user's to fix."""
+    wanted = platform if for_platform else None
+    attrs = engine.base_image(client, base.image, pull, ui.info, wanted) if client is not None else None
     if attrs is None:
         assumed = assumed_base(base, platform, python)
         ui.info(f"base image {base.image} not inspected: assuming Python {assumed.python}, "

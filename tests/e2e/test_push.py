@@ -402,3 +402,44 @@ def test_the_index_goes_to_a_bearer_token_registry_and_a_wrong_password_is_one_l
                    env=_docker_config(tmp_path, registry, "wrong"))  # fmt: skip
     lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(lines) == 1 and "authentication failed" in lines[0], proc.stderr[-2000:]
+
+
+def test_one_multi_platform_base_serves_both_platforms(registry, tmp_path, docker_client):
+    """A base that is itself an index (as python:3.11-slim is): each platform's build pulls its own."""
+    import requests
+
+    auth = {"username": USER, "password": PASSWORD}
+    base = f"{registry}/base/debian-python"
+    entries = []
+    for local, arch in ((BASE_IMAGE, "amd64"), (ARM64_BASE, "arm64")):
+        docker_client.images.get(local).tag(base, f"bookworm-{arch}")
+        for event in docker_client.api.push(base, tag=f"bookworm-{arch}", auth_config=auth, stream=True, decode=True):
+            assert "error" not in event, event
+        got = requests.get(f"http://{registry}/v2/base/debian-python/manifests/bookworm-{arch}", auth=(USER, PASSWORD),
+                           headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}, timeout=10)  # fmt: skip
+        entries.append({"mediaType": got.headers["Content-Type"], "digest": got.headers["Docker-Content-Digest"],
+                        "size": len(got.content), "platform": {"architecture": arch, "os": "linux"}})  # fmt: skip
+        docker_client.images.remove(f"{base}:bookworm-{arch}")
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": entries}
+    put = requests.put(f"http://{registry}/v2/base/debian-python/manifests/bookworm", data=json.dumps(index),
+                       auth=(USER, PASSWORD), timeout=10,
+                       headers={"Content-Type": "application/vnd.oci.image.index.v1+json"})  # fmt: skip
+    assert put.status_code == 201, put.text
+    tag = f"{registry}/team/onebase:1.0.0-cpu"
+    proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64", "--base-image",
+                   f"{base}:bookworm", "--tag", tag, "--push", "--json",
+                   env=_docker_config(tmp_path, registry, PASSWORD))  # fmt: skip
+    try:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stderr.count(f"pulling base image {base}:bookworm for linux/") == 2, proc.stderr[-3000:]
+        summary = json.loads(proc.stdout)
+        built = {i["platform"]: docker_client.images.get(i["tag"]).attrs["Architecture"] for i in summary["images"]}
+        assert built == {"linux/amd64": "amd64", "linux/arm64": "arm64"}
+        (written,) = summary["indexes"]
+        assert sorted(m["platform"] for m in written["manifests"]) == ["linux/amd64", "linux/arm64"]
+    finally:
+        for t in (f"{tag}-amd64", f"{tag}-arm64", f"{base}:bookworm"):
+            try:
+                docker_client.images.remove(t, force=True)
+            except Exception:
+                pass
