@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import time
 
 import numpy as np
@@ -51,6 +52,10 @@ def test_info_and_metadata(mlp_image):
         assert info["execution_providers"]["active"] == ["CPUExecutionProvider"]
         assert info["onnxruntime"] == mlp_image["onnxruntime"] == "1.31.1"
         assert info["warmup"]["mode"] == "at-start" and info["warmup"]["state"] == "done"
+        cpus, threads = len(os.sched_getaffinity(0)), info["threads"]  # the container has the host's CPUs
+        if cpus > 1:  # warmup timed one thread against all of them, and kept the faster
+            assert threads["chosen"] == "measured" and set(threads["run_ms"]) == {"1", str(cpus)}, threads
+            assert threads["intra_op"] in (1, cpus)
         assert [i["name"] for i in info["inputs"]] == ["features"]
         assert server.get("/v2").json()["name"] == "gpux"
         assert server.get("/v2/health/live").status_code == 200
