@@ -106,6 +106,9 @@ class Registry:
         fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         if "realm" not in fields:
             return False
+        if not fields["realm"].startswith("https://") and not self.insecure:
+            raise DockerError(f"registry {self.name} asks for credentials at {fields['realm']!r}, not HTTPS: "
+                              "refusing to send them in the clear")  # fmt: skip
         params = {"service": fields.get("service", ""), "scope": f"repository:{self.path}:pull,push"}
         try:
             response = requests.get(fields["realm"], params=params, auth=self._basic(), timeout=TIMEOUT)

@@ -33,3 +33,13 @@ def test_refusals_name_the_option(platform, bases, push, message):
 def test_descriptor_platforms():
     assert platform_of("linux/amd64") == {"architecture": "amd64", "os": "linux"}
     assert platform_of("linux/arm64") == {"architecture": "arm64", "os": "linux", "variant": "v8"}
+
+
+def test_credentials_never_go_to_a_plain_http_token_service_of_a_secure_registry():
+    from gpux_pack.errors import DockerError
+    from gpux_pack.registry import Registry
+
+    registry = Registry.__new__(Registry)  # the fields _login reads; no engine needed
+    registry.name, registry.path, registry.insecure, registry.auth = "registry.example", "team/m", False, {}
+    with pytest.raises(DockerError, match="not HTTPS: refusing to send them in the clear"):
+        registry._login('Bearer realm="http://auth.example/token",service="registry.example"')
