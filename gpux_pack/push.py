@@ -34,8 +34,7 @@ def push(client: Any, ref: str, ui: Reporter) -> Pushed:
     except ValueError as e:
         raise UsageError(f"{ref}: {e}") from None
     repo, tag = reference.repository_tag
-    first = repo.split("/")[0]
-    registry = first if "/" in repo and ("." in first or ":" in first or first == "localhost") else "docker.io"
+    registry = reference.registry_path[0]
     try:
         client.images.get(f"{repo}:{tag}")
     except docker.errors.ImageNotFound:

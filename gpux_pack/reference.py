@@ -30,6 +30,16 @@ class Reference:
         """(repository, tag or digest) as the engine's pull/commit/push calls take them."""
         return self.name, self.digest or self.tag or "latest"
 
+    @property
+    def registry_path(self) -> tuple[str, str]:
+        """(registry, repository path in it) by Docker's rule: the first component names a
+        registry when it has a '.' or ':' or is localhost; otherwise Docker Hub, where a single
+        name lives under library/."""
+        first, _, rest = self.name.partition("/")
+        if rest and ("." in first or ":" in first or first == "localhost"):
+            return first, rest
+        return "docker.io", self.name if rest else f"library/{self.name}"
+
 
 def parse_reference(text: str) -> Reference:
     """The reference, or ValueError saying what is wrong with it (one line)."""

@@ -51,11 +51,7 @@ class Registry:
     def __init__(self, client: Any, repository: str) -> None:
         import docker.auth
 
-        first = repository.split("/")[0]
-        if "/" in repository and ("." in first or ":" in first or first == "localhost"):
-            self.name, self.path = first, repository.split("/", 1)[1]
-        else:  # Docker Hub
-            self.name, self.path = "docker.io", repository if "/" in repository else f"library/{repository}"
+        self.name, self.path = parse_reference(repository).registry_path
         self.host = "registry-1.docker.io" if self.name == "docker.io" else self.name
         self.repository = repository
         env = getattr(client.api, "credstore_env", None)
@@ -69,22 +65,21 @@ class Registry:
             return self.auth["username"], self.auth["password"]
         return None
 
-    def request(self, method: str, path: str, **kw: Any) -> Any:
-        """One call to /v2/<name>/..., authenticating when the registry asks."""
+    def request(self, method: str, path: str, headers: dict[str, str] | None = None, **kw: Any) -> Any:
+        """One call to /v2/<name>/..., answering the registry's challenge once when it asks."""
         import requests
 
-        url = f"/v2/{self.path}/{path}"
-        for attempt in range(2):
-            headers = dict(kw.pop("headers", {}) or {}, **({"Authorization": f"Bearer {self.token}"} if self.token else {}))
+        for attempt in (1, 2):
+            token = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             try:
-                response = self._send(method, url, headers=headers, auth=None if self.token else self._basic(), **kw)
+                response = self._send(method, f"/v2/{self.path}/{path}", headers={**(headers or {}), **token},
+                                      auth=None if self.token else self._basic(), **kw)  # fmt: skip
             except requests.RequestException as e:
                 raise DockerError(f"registry {self.name} unreachable ({type(e).__name__}: {str(e)[:200]})") from None
-            kw["headers"] = {k: v for k, v in headers.items() if k != "Authorization"}
-            if response.status_code == 401 and attempt == 0 and self._login(response.headers.get("WWW-Authenticate", "")):
-                continue
-            return response
-        return response
+            if response.status_code != 401 or attempt == 2 or \
+                    not self._login(response.headers.get("WWW-Authenticate", "")):  # fmt: skip
+                return response
+        raise AssertionError("unreachable")
 
     def _send(self, method: str, url: str, **kw: Any) -> Any:
         import requests

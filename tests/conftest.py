@@ -68,6 +68,15 @@ def tags(docker_client):
             pass
 
 
+def free_port() -> int:
+    """A port nothing listens on at 127.0.0.1 (for a registry or a published port)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def build_image(path: Path, tag: str, *extra: str, env: dict[str, str] | None = None) -> dict:
     """`gpux-pack build --json` on the offline base; returns the summary of the one image."""
     proc = run_cli("build", str(path), "--base-image", BASE_IMAGE, "--tag", tag, "--json", *extra, env=env)

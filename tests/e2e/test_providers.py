@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import BASE_IMAGE, EXAMPLES, copy_example, run_cli, serve
+from tests.conftest import BASE_IMAGE, EXAMPLES, copy_example, free_port, run_cli, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -169,16 +169,8 @@ def run_volume(docker_client):
         pass
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_run_serves_on_the_chosen_port_locked_down(mlp_image, docker_client, run_volume):
-    port = _free_port()
+    port = free_port()
     proc = run_cli("run", mlp_image["tag"], "--port", str(port), "--detach")
     assert proc.returncode == 0, proc.stderr[-2000:]
     url_line, container_id = proc.stdout.strip().splitlines()

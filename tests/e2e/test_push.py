@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -15,18 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BASE_IMAGE, EXAMPLES, run_cli, serve
+from tests.conftest import BASE_IMAGE, EXAMPLES, free_port, run_cli, serve
 
 pytestmark = pytest.mark.e2e
 
 USER, PASSWORD = "gpux", "s3cret-pass"
 ARM64_BASE = os.environ.get("GPUX_TEST_ARM64_BASE_IMAGE", "gpux-pack/debian-python:bookworm-arm64")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_registry(root: Path, auth: str) -> tuple[subprocess.Popen, str]:
@@ -35,7 +28,7 @@ def _start_registry(root: Path, auth: str) -> tuple[subprocess.Popen, str]:
     binary = shutil.which("docker-registry")
     if binary is None:
         pytest.fail("the push tests need Debian's docker-registry package (`bash scripts/dev test` installs it)")
-    port = _free_port()
+    port = free_port()
     (root / "config.yml").write_text(
         "version: 0.1\nlog: {level: warn}\n"
         f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: true}}}}\n"
@@ -185,7 +178,7 @@ def test_a_wrong_password_or_no_registry_is_one_line_exit_1(registry, tmp_path, 
         lines = proc.stderr.strip().splitlines()
         assert len([line for line in lines if line.startswith("error:")]) == 1, lines
         assert lines[-1].startswith(f"error: push of {tag} to {registry} failed: authentication failed"), lines
-        closed = f"127.0.0.1:{_free_port()}"
+        closed = f"127.0.0.1:{free_port()}"
         other = f"{closed}/team/iris-mlp:nowhere"
         local.tag(other)
         proc = run_cli("push", other, env=_docker_config(tmp_path, closed, PASSWORD))

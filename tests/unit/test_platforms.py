@@ -43,3 +43,16 @@ def test_credentials_never_go_to_a_plain_http_token_service_of_a_secure_registry
     registry.name, registry.path, registry.insecure, registry.auth = "registry.example", "team/m", False, {}
     with pytest.raises(DockerError, match="not HTTPS: refusing to send them in the clear"):
         registry._login('Bearer realm="http://auth.example/token",service="registry.example"')
+
+
+@pytest.mark.parametrize(("ref", "expected"), [
+    ("127.0.0.1:5000/team/m:1", ("127.0.0.1:5000", "team/m")),
+    ("localhost/m", ("localhost", "m")),
+    ("ghcr.io/org/m", ("ghcr.io", "org/m")),
+    ("team/m:1", ("docker.io", "team/m")),
+    ("python:3.11-slim", ("docker.io", "library/python")),
+])  # fmt: skip
+def test_which_registry_a_reference_names(ref, expected):
+    from gpux_pack.reference import parse_reference
+
+    assert parse_reference(ref).registry_path == expected
