@@ -101,7 +101,9 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
 def _external_file(path: Path, shown: str, tensor: Any) -> str:
     """The external data file of a tensor, checked: a plain relative path inside the model's
     folder (no '..', no absolute path), a regular file, and a non-negative offset and length
-    that fit in it. Returns the location as the model writes it (it is baked at that path)."""
+    that fit in it, and not the model file itself. Returns the location normalised (`./w.bin`
+    and `sub//w.bin` -> `w.bin`, `sub/w.bin`): ONNX Runtime opens it relative to the model's
+    folder, so every spelling is one file, baked once at that path."""
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
     name = tensor.name or "(unnamed)"
@@ -110,7 +112,7 @@ def _external_file(path: Path, shown: str, tensor: Any) -> str:
             or any(p in ("..", ".") for p in parts) or os.path.isabs(location)):
         raise ModelError(shown, f"external data location {ascii(location)} of tensor {name} must be a "
                                 "relative path inside the model's folder, without '..'")
-    target = path.parent / location
+    target = os.path.join(path.parent, location)  # as written: a trailing '/' must name a folder
     if not Path(os.path.realpath(target)).is_relative_to(os.path.realpath(path.parent)):
         raise ModelError(shown, f"external data '{location}' is outside the model's folder")
     try:
@@ -121,6 +123,8 @@ def _external_file(path: Path, shown: str, tensor: Any) -> str:
         raise ModelError(shown, f"external data file {ascii(location[:80])} cannot be read: {e.strerror} (tensor {name})") from None
     if not stat.S_ISREG(info_stat.st_mode):
         raise ModelError(shown, f"external data file '{location}' is not a regular file (tensor {name})")
+    if os.path.samestat(info_stat, os.stat(path)):
+        raise ModelError(shown, f"external data location '{location}' of tensor {name} is the model file itself")
     numbers = {}
     for key in ("offset", "length"):
         raw = info.get(key, "0")
@@ -129,7 +133,7 @@ def _external_file(path: Path, shown: str, tensor: Any) -> str:
         numbers[key] = int(raw)
     if numbers["offset"] + numbers["length"] > info_stat.st_size:
         raise ModelError(shown, f"external data file '{location}' is truncated (tensor {name})")
-    return location
+    return PurePosixPath(location).as_posix()
 
 
 def _all_nodes(graph: Any):

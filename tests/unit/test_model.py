@@ -68,6 +68,55 @@ def test_missing_and_truncated_external_data(tmp_path):
         inspect_model(path)
 
 
+def _two_tensors(tmp_path: Path, locations: tuple[str, str]) -> Path:
+    """y = x + a + b, a and b external at `locations` (offsets 0 and 16 of the file they name)."""
+    from onnx import TensorProto as T
+
+    inits = []
+    for name, location, offset in zip("ab", locations, ("0", "16")):
+        t = helper.make_tensor(name, T.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
+        t.ClearField("float_data")
+        t.data_location = T.EXTERNAL
+        for key, value in (("location", location), ("offset", offset), ("length", "16")):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        inits.append(t)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "a"], ["s"]), helper.make_node("Add", ["s", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, [4])], [helper.make_tensor_value_info("y", T.FLOAT, [4])], inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    (tmp_path / "sub").mkdir()
+    for file in ("w.bin", "sub/w.bin"):
+        (tmp_path / file).write_bytes(np.arange(8, dtype=np.float32).tobytes())
+    return path
+
+
+@pytest.mark.parametrize("locations, baked", [
+    (("./w.bin", "./w.bin"), "w.bin"),
+    (("w.bin", "./w.bin"), "w.bin"),
+    (("sub//w.bin", "sub/w.bin"), "sub/w.bin"),
+    (("sub/./w.bin", ".//sub/w.bin"), "sub/w.bin"),
+])
+def test_external_data_spellings_are_one_file(tmp_path, locations, baked):
+    """Every spelling of one path inside the folder is that file, baked once at its normal
+    path (where ONNX Runtime opens it); two spellings in two tensors do not bake it twice."""
+    path = _two_tensors(tmp_path, locations)
+    info = inspect_model(path)
+    assert info.files == ("m.onnx", baked)
+    assert info.size_bytes == path.stat().st_size + 32
+
+
+@pytest.mark.parametrize("location", ["m.onnx", "./m.onnx", "sub/../m.onnx"])
+def test_external_data_naming_the_model_itself_is_refused(tmp_path, location):
+    path = _two_tensors(tmp_path, ("w.bin", location))
+    with pytest.raises(ModelError) as e:
+        inspect_model(path, "models/m.onnx")
+    assert str(e.value).startswith("models/m.onnx: ") and "\n" not in str(e.value)
+    if ".." not in location:
+        assert str(e.value) == f"models/m.onnx: external data location '{location}' of tensor b is the model file itself"
+
+
 @pytest.mark.parametrize(
     "content, words",
     [
