@@ -234,3 +234,44 @@ def test_the_engines_builder_makes_the_same_layers(tmp_path, docker_client, tags
     assert layers(docker_client, built["tag"]) == layers(docker_client, assembled["tag"])
     runtime = docker_client.images.get(built["runtime_base"]).history()
     assert all("#(nop)" in h["CreatedBy"] for h in runtime[: 9]), [h["CreatedBy"] for h in runtime[:9]]
+
+
+def test_external_data_in_two_spellings_is_baked_once_and_served(tmp_path, tags):
+    """`./w.bin` and `w.bin` name one file: the assembled image holds it once (two tar entries
+    for one path were refused by the engine) and the container answers as onnxruntime does."""
+    import onnxruntime as ort
+    from onnx import TensorProto as T, helper
+
+    folder = tmp_path / "ext"
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    w, b = rng.normal(size=(64, 8)).astype(np.float32), rng.normal(size=(8,)).astype(np.float32)
+    (folder / "w.bin").write_bytes(w.tobytes() + b.tobytes())
+    inits = []
+    for name, dims, location, offset, length in (("w", [64, 8], "./w.bin", 0, w.nbytes),
+                                                 ("b", [8], "w.bin", w.nbytes, b.nbytes)):
+        t = T(name=name, data_type=T.FLOAT, dims=dims)
+        t.data_location = T.EXTERNAL
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        inits.append(t)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, ["n", 64])], [helper.make_tensor_value_info("y", T.FLOAT, ["n", 8])],
+        inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (folder / "model.onnx").write_bytes(model.SerializeToString())
+    (folder / "gpux.yml").write_text("name: ext-data\nversion: 1.0.0\nmodel:\n  source: ./model.onnx\n")
+    built = build_image(folder, tags("ext-data:cpu"))
+    assert built["assembled"], "the assembled path is the one that refused duplicate paths"
+    x = rng.normal(size=(3, 64)).astype(np.float32)
+    [expected] = ort.InferenceSession(str(folder / "model.onnx")).run(None, {"x": x})
+    with serve(built["tag"]) as server:
+        r = server.post("/predict", json={"x": x.tolist()})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["y"], expected, rtol=1e-5, atol=1e-5)
+        listing = server.container.exec("ls -A /opt/gpux/model").output.decode().split()
+    assert listing == ["model.onnx", "w.bin"]
+
