@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
 from datetime import datetime, timezone
@@ -298,13 +299,22 @@ def _created() -> str:
 # What the plan writes into the image
 
 
+def label_value(text: str) -> str:
+    """A label value as one line of visible text, the same bytes whether the image is assembled
+    or built from the rendered Dockerfile: every control, format, separator or unassigned
+    character (Unicode categories C* and Z*: line breaks of every kind, tabs, U+2028, U+202E,
+    U+FEFF, ...) becomes a space, runs of them one space, ends stripped."""
+    return " ".join("".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text).split())
+
+
 def labels(plan: Plan, ort_version: str) -> dict[str, str]:
+    """The image's labels, each value through label_value (user text: description, pack.labels)."""
     cfg = plan.project.config
     out = {
         "org.opencontainers.image.title": cfg.name,
         "org.opencontainers.image.version": cfg.version,
         "org.opencontainers.image.created": plan.created,
-        "org.opencontainers.image.description": " ".join((cfg.description or f"{cfg.name} served by gpux-pack").split()),
+        "org.opencontainers.image.description": cfg.description or f"{cfg.name} served by gpux-pack",
         "org.opencontainers.image.base.name": plan.base.image,
         "io.gpux.model.name": cfg.name,
         "io.gpux.model.version": cfg.model.version or cfg.version,
@@ -318,7 +328,7 @@ def labels(plan: Plan, ort_version: str) -> dict[str, str]:
     }
     for key, value in cfg.pack.labels.items():
         out.setdefault(key, value)  # user labels never override the contract's
-    return out
+    return {key: label_value(value) for key, value in out.items()}
 
 
 def batching(cfg: Any) -> dict[str, float] | None:

@@ -275,3 +275,61 @@ def test_external_data_in_two_spellings_is_baked_once_and_served(tmp_path, tags)
         listing = server.container.exec("ls -A /opt/gpux/model").output.decode().split()
     assert listing == ["model.onnx", "w.bin"]
 
+
+LABELS_YML = """
+description: |
+  First line of a description,
+  second line.\t(tabbed)
+
+  And a paragraph\u00a0with\u200ba zero-width space\u202e.
+pack:
+  labels:
+    newline: "a\\nb"
+    crlf: "a\\r\\nb"
+    tab: "a\\tb"
+    tab-only: "\\t"
+    vt-ff: "a\\vb\\fc"
+    nel: "a\\Nb"
+    ls-ps: "a\\Lb\\Pc"
+    rlo: "a\\u202eb"
+    zwsp-bom: "a\\u200bb\\ufeffc"
+    ends: "  a  "
+    quoted: "say \\"hi\\" \\\\ $HOME ${X}"
+"""
+
+
+def test_label_values_are_one_rule_built_and_rendered(tmp_path, docker_client, tags, monkeypatch):
+    """`build` (assembled on the host) and `render` + `docker build` give the same label bytes,
+    the plan's, for values with every kind of separator, control and format character."""
+    from gpux_pack import plan as planning
+    from gpux_pack.pipeline import load, plan_for
+    from gpux_pack.plan import Options
+    from gpux_pack.ui import Reporter
+
+    project = copy_example("mlp", tmp_path)
+    config = project / "gpux.yml"
+    text = "".join(line for line in config.read_text().splitlines(True) if not line.startswith("description:"))
+    config.write_text(text + LABELS_YML)
+    built = build_image(project, tags("labels:cli"), env=SAME_TIME)
+    assert built["assembled"]
+    out = tmp_path / "context"
+    proc = run_cli("render", str(project), "--provider", "cpu", "--base-image", BASE_IMAGE,
+                   "--output", str(out), env=SAME_TIME)
+    assert proc.returncode == 0, proc.stderr
+    plain = tags("labels:plain")
+    proc = subprocess.run(["docker", "build", "-q", "-t", plain, str(out)], capture_output=True, text=True,
+                          env={**os.environ, "DOCKER_BUILDKIT": "0"}, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    ours, theirs = (docker_client.images.get(ref).attrs["Config"]["Labels"] for ref in (built["tag"], plain))
+    assert ours == theirs
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", SAME_TIME["SOURCE_DATE_EPOCH"])
+    plan = plan_for(load(project), "cpu", "test", Options(base_image=BASE_IMAGE), None, Reporter(quiet=True),
+                    pull=False)  # fmt: skip
+    expected = planning.labels(plan, ours["io.gpux.onnxruntime.version"])
+    assert {k: ours[k] for k in expected} == expected
+    assert expected["org.opencontainers.image.description"] == (
+        "First line of a description, second line. (tabbed) And a paragraph with a zero-width space .")
+    assert {k: expected[k] for k in ("newline", "crlf", "tab", "tab-only", "vt-ff", "nel", "ls-ps", "rlo",
+                                     "zwsp-bom", "ends", "quoted")} == {
+        "newline": "a b", "crlf": "a b", "tab": "a b", "tab-only": "", "vt-ff": "a b c", "nel": "a b",
+        "ls-ps": "a b c", "rlo": "a b", "zwsp-bom": "a b c", "ends": "a", "quoted": 'say "hi" \\ $HOME ${X}'}

@@ -2,6 +2,7 @@
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -150,6 +151,41 @@ def test_labels_are_escaped_and_complete():
         assert f"{key}=" in text
     assert 'io.gpux.onnxruntime.version="1.31.1"' in text and "# Build: docker build -t x:cpu ." in text
     assert render._label('say "hi" $HOME \\ \n twice') == 'say \\"hi\\" \\$HOME \\\\ twice'
+
+
+# label value -> what every image carries: the separators, controls and format characters of
+# every kind become one space (ends stripped); what the Dockerfile must escape stays as written
+LABEL_VALUES = {  # YAML double-quoted text -> the label's value
+    r"a\nb": "a b", r"a\rb": "a b", r"a\tb": "a b", r"a\vb": "a b", r"a\fb": "a b", r"a\u2028b": "a b",
+    r"a\u202eb": "a b", r"a\u0085b": "a b", r"a\u2029b": "a b", r"a\u200bb": "a b", r"a\ufeffb": "a b",
+    r"a\x1cb": "a b", r"a\x00b": "a b", r"  a \r\n\r\n\u00a0 b\t": "a b", r"\t": "",
+    r"say \"hi\" \\ $HOME ${X}": 'say "hi" \\ $HOME ${X}', r"caf\u00e9 \u2192 ok": "caf\u00e9 \u2192 ok",
+}  # fmt: skip
+
+
+def test_label_values_follow_one_rule_in_the_plan_and_the_dockerfile(tmp_path):
+    """plan.labels folds every kind of separator, control and format character once, so an
+    assembled image (the plan's labels as they are) and `docker build` of the rendered
+    Dockerfile (escaped, and folded again as a defence) carry the same bytes."""
+    from gpux_pack import plan as planning
+
+    pack = "  labels:\n" + "".join(f'    k{i}: "{raw}"\n' for i, raw in enumerate(LABEL_VALUES))
+    (tmp_path / "yml").mkdir()
+    plan = plan_for("cpu", pack, tmp_path / "yml")
+    config = tmp_path / "yml" / "mlp" / "gpux.yml"
+    text = re.sub(r"(?m)^description:.*\n", "", config.read_text())
+    config.write_text(text + 'description: |\n  Line one\n  of it.\n\n  Line two\tand\u202e three.\n')
+    plan = with_lock(pipeline.plan_for(load(config.parent), "cpu", "test", Options(), None, Reporter(quiet=True),
+                                       pull=False), lock_for(plan))  # fmt: skip
+    labels = planning.labels(plan, plan.lock.version_of(plan.provider.ort))
+    assert [labels[f"k{i}"] for i in range(len(LABEL_VALUES))] == list(LABEL_VALUES.values())
+    assert labels["org.opencontainers.image.description"] == "Line one of it. Line two and three."
+    assert all(render._one_line(v) == v for v in labels.values())  # the render's fold changes nothing
+    text = render.dockerfile(plan, "image")
+    for key, value in labels.items():  # in the Dockerfile: only escaped for double quotes
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+        assert f'{key}="{escaped}"' in text, key
+    assert 'k15="say \\"hi\\" \\\\ \\$HOME \\${X}"' in text
 
 
 def _installed(plan, tmp_path: Path) -> Installed:
