@@ -13,6 +13,7 @@ batching, same limits.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from typing import Any
 
@@ -20,6 +21,8 @@ import numpy as np
 
 from .dtypes import DTYPES
 from .tensors import RequestError, check_shape, from_binary, to_binary
+
+log = logging.getLogger("gpux")
 
 PACKAGE = "inference"
 SERVICE = "GRPCInferenceService"
@@ -203,6 +206,25 @@ async def start(app: Any, port: int, host: str) -> Any:
             return await result if asyncio.iscoroutine(result) else result
         except RequestError as e:
             await context.abort(status.get(e.status, grpc.StatusCode.INVALID_ARGUMENT), str(e))
+        except Exception as e:  # a bug, not the client's: logged with its traceback, as HTTP's 500
+            log.exception("unexpected error")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+
+    def parsed(method: str, message: Any, handler: Any) -> Any:
+        """The handler behind its own parsing: grpc would parse before the handler and answer
+        bytes that are no protobuf message with UNKNOWN and a logged traceback."""
+        from google.protobuf.message import DecodeError
+
+        async def call(raw: bytes, context: Any) -> Any:
+            try:
+                request = message.FromString(raw)
+            except (DecodeError, ValueError) as e:  # ValueError: invalid UTF-8 in a string, some runtimes
+                detail = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"{method}: the request is not a valid {message.DESCRIPTOR.name} ({detail})")
+            return await handler(request, context)
+
+        return call
 
     handlers = {
         "ServerLive": live, "ServerReady": ready, "ModelReady": model_ready, "ServerMetadata": server_metadata,
@@ -210,7 +232,7 @@ async def start(app: Any, port: int, host: str) -> Any:
     }  # fmt: skip
     rpcs = {
         method: grpc.unary_unary_rpc_method_handler(
-            handlers[method], request_deserializer=m[request].FromString,
+            parsed(method, m[request], handlers[method]), request_deserializer=None,
             response_serializer=m[response].SerializeToString)
         for method, (request, response) in METHODS.items()
     }  # fmt: skip
@@ -261,7 +283,10 @@ def decode(request: Any, model: Any, budget: int) -> tuple[dict[str, np.ndarray]
                 except UnicodeDecodeError:
                     raise RequestError(f"{what}: a BYTES element is not UTF-8 text") from None
             else:
-                arr = np.array(values, dtype=np.dtype(DTYPES[spec.dtype][0]))
+                try:  # 300 in int_contents for INT8, bytes_contents for FP16: numpy refuses
+                    arr = np.array(values, dtype=np.dtype(DTYPES[spec.dtype][0]))
+                except (OverflowError, ValueError, TypeError) as e:
+                    raise RequestError(f"{what}: contents do not fit {spec.datatype}: {str(e).splitlines()[0][:200]}") from None
             if arr.size != count:
                 raise RequestError(f"{what}: shape {shape} needs {count} values, got {arr.size}")
         arr = arr.reshape(shape)

@@ -628,6 +628,108 @@ def test_grpc_messages_match_tritonclients():
         assert (m.input_type.name, m.output_type.name) == (request, response)
 
 
+def _grpc_calls(app: App, calls: list[tuple[str, bytes]]) -> list[tuple[str, str]]:
+    """Raw request bytes to gRPC methods of a server started on `app`, as a client that sends
+    whatever it likes: (status code name, details) of each answer."""
+    import socket
+
+    import grpc
+
+    from gpux_pack.runtime import grpc_v2
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def run() -> list[tuple[str, str]]:
+        server = await grpc_v2.start(app, port, "127.0.0.1")
+        out = []
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                for method, raw in calls:
+                    call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}",
+                                               request_serializer=None, response_deserializer=None)  # fmt: skip
+                    try:
+                        answer = await call(raw, timeout=30)
+                        out.append(("OK", answer))
+                    except grpc.aio.AioRpcError as e:
+                        out.append((e.code().name, e.details()))
+        finally:
+            await server.stop(None)
+        return out
+
+    return asyncio.run(run())
+
+
+def _infer_request(**fields) -> bytes:
+    from gpux_pack.runtime import grpc_v2
+
+    request = grpc_v2.message_classes()["ModelInferRequest"](model_name=fields.pop("model_name", "iris-mlp"))
+    x = fields.pop("x", np.ones((2, 4), np.float32))
+    request.inputs.add(name=fields.pop("name", "features"), datatype="FP32", shape=fields.pop("shape", x.shape))
+    request.raw_input_contents.append(x.tobytes())
+    return request.SerializeToString()
+
+
+def test_grpc_answers_client_mistakes_with_their_status_codes_and_no_traceback(mlp, caplog, capfd):
+    """Bytes that are no protobuf message (grpc used to answer UNKNOWN and log a traceback),
+    for every method, and each client mistake: its status code, one line, nothing logged."""
+    from gpux_pack.runtime import grpc_v2
+
+    good = _infer_request()
+    calls = [(method, b"\xff\xff\xff") for method in grpc_v2.METHODS]
+    calls += [("ModelInfer", good[:-5]),  # truncated inside raw_input_contents
+              ("ModelInfer", _infer_request(model_name="nope")),
+              ("ModelInfer", _infer_request(name="feature")),
+              ("ModelInfer", _infer_request(shape=[1 << 40, 4])),
+              ("ModelInfer", _infer_request(shape=[3, 4])),
+              ("ModelInfer", good)]  # fmt: skip
+    with caplog.at_level("DEBUG"):
+        answers = _grpc_calls(mlp.app, calls)
+    parse = [(code, details.split(" (")[0]) for code, details in answers[:len(grpc_v2.METHODS) + 1]]
+    assert parse == [("INVALID_ARGUMENT", f"{method}: the request is not a valid {request}")
+                     for method, (request, _) in [*grpc_v2.METHODS.items(), ("ModelInfer", ("ModelInferRequest", ""))]]
+    codes = [code for code, _ in answers[len(grpc_v2.METHODS) + 1:]]
+    assert codes == ["NOT_FOUND", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "OK"]
+    assert "unknown model 'nope'" in answers[-5][1] and "unknown input 'feature'" in answers[-4][1]
+    response = grpc_v2.message_classes()["ModelInferResponse"].FromString(answers[-1][1])
+    [logits, probs] = reference("mlp", {"features": np.ones((2, 4), np.float32)})
+    assert [o.name for o in response.outputs] == ["logits", "probs"]
+    np.testing.assert_allclose(np.frombuffer(response.raw_output_contents[1], np.float32).reshape(2, 3), probs,
+                               atol=1e-6)  # fmt: skip
+    for _, details in answers[:-1]:
+        assert details and "\n" not in details and "Traceback" not in details
+    assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")], caplog.text
+    assert "Traceback" not in caplog.text + "".join(capfd.readouterr())
+
+
+def test_grpc_is_unavailable_until_ready_and_while_shutting_down(tmp_path):
+    app = App(Model.load(settings(spec_dir(tmp_path, "mlp"))), "test")
+    [(code, details)] = _grpc_calls(app, [("ModelInfer", _infer_request())])
+    assert code == "UNAVAILABLE" and "warming up" in details
+    app.start_warmup()
+    assert app.ready.wait(10)
+    app.scheduler.close()
+    [(code, details)] = _grpc_calls(app, [("ModelInfer", _infer_request())])
+    assert code == "UNAVAILABLE" and "shutting down" in details
+
+
+def test_grpc_typed_contents_that_do_not_fit_their_datatype_are_a_client_mistake():
+    """300 in int_contents for an INT8 input: numpy's OverflowError became UNKNOWN and a traceback."""
+    from types import SimpleNamespace
+
+    from gpux_pack.runtime import grpc_v2
+    from gpux_pack.runtime.tensors import RequestError, TensorSpec
+
+    spec = TensorSpec("x", "int8", (-1,))
+    model = SimpleNamespace(inputs=[spec], overridable=(), outputs=[])
+    request = grpc_v2.message_classes()["ModelInferRequest"](model_name="m")
+    request.inputs.add(name="x", datatype="INT8", shape=[2]).contents.int_contents.extend([1, 300])
+    with pytest.raises(RequestError, match="input 'x': contents do not fit INT8") as e:
+        grpc_v2.decode(request, model, 1 << 20)
+    assert e.value.status == 400
+
+
 def _two_cpus(folder: Path, **env: str) -> Settings:
     from gpux_pack.runtime import resources
 
