@@ -24,8 +24,8 @@ import numpy as np
 from .metrics import Metrics, route
 from .scheduler import Batching, Overloaded, Scheduler
 from .session import AccuracyError, Model
-from .tensors import (RequestError, TensorSpec, V2Request, decode_predict, decode_v2, dumps, encode_predict, encode_v2,
-                      parse_json, plain_numbers, split_binary, to_json)
+from .tensors import (JSON_FACTOR, RequestError, TensorSpec, V2Request, decode_predict, decode_v2, dumps, encode_predict,
+                      encode_v2, hole_dtypes, numeric_body, parse_json, plain_numbers, split_binary, to_json)
 
 log = logging.getLogger("gpux")
 access = logging.getLogger("gpux.access")
@@ -292,6 +292,16 @@ class App:
             self.in_flight_bytes += n
         return n
 
+    def _hold_decode(self, cost: int, size: int) -> int:
+        """Count what decoding a body will hold; a body that could never fit is 413, not an OOM."""
+        limit = self.model.settings.max_in_flight_bytes
+        if cost > limit:
+            self.metrics.refused.labels("memory").inc()
+            raise RequestError(f"decoding this {size}-byte body would hold about {cost} bytes, more than this server "
+                               f"may hold for requests ({limit}, half its memory); send the tensors as binary data "
+                               "(KServe v2 binary extension) or .npy", 413)  # fmt: skip
+        return self._hold(cost)
+
     def _release(self, n: int) -> None:
         with self._bytes_lock:
             self.in_flight_bytes -= n
@@ -319,25 +329,53 @@ class App:
         return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), max(0, size - declared)
 
     def _decode(self, body: bytes, headers: dict[bytes, bytes], v2: bool) -> tuple[dict[str, np.ndarray], V2Request]:
-        """In a codec thread: the body as feeds, checked against the per-request budget."""
+        """In a codec thread: the body as feeds, checked against the per-request budget. What
+        decoding will hold at its peak is counted against the in-flight budget first: JSON
+        becomes Python objects (up to 36x its text) unless its large arrays are all numbers."""
         model, budget = self.model, self.model.settings.max_request_bytes
         content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if not v2 and content_type in (b"application/x-npy", b"application/npy"):
-            feeds = _decode_npy(body, model.inputs, budget)
-            request = V2Request()
-        elif v2:
-            if not body.strip():
-                raise RequestError("empty body; expected a JSON infer request")
-            length = headers.get(BINARY_HEADER)
-            header, blobs = split_binary(body, length.decode("latin-1") if length is not None else None)
-            fast = length is None and plain_numbers(body, header, v2=True)
-            feeds, request = decode_v2(header, model.inputs, model.outputs, model.overridable, blobs, budget, fast)
+        npy = not v2 and content_type in (b"application/x-npy", b"application/npy")
+        length = headers.get(BINARY_HEADER) if v2 else None
+        numeric = holes = None
+        if npy:
+            cost = len(body)  # np.load's copy
+        elif length is not None:  # the JSON header as objects; the tensors are views of the body
+            header_bytes = int(length) if length.strip().isdigit() else len(body)
+            cost = min(header_bytes, len(body)) * JSON_FACTOR
         else:
-            if not body.strip():
-                raise RequestError("empty body; expected JSON")
-            parsed = parse_json(body)
-            feeds = decode_predict(parsed, model.inputs, model.overridable, plain_numbers(body, parsed, v2=False))
-            request = V2Request()
+            numeric = numeric_body(body)
+            holes = hole_dtypes(numeric, model.inputs, model.overridable, v2) if numeric else None
+            if numeric is not None and holes is not None:
+                itemsize = max((d.itemsize for d in holes.values() if d is not None), default=8)
+                cost = numeric.decode_cost(itemsize)
+            else:
+                cost = len(body) * JSON_FACTOR
+        held = self._hold_decode(cost, len(body))
+        try:
+            if npy:
+                feeds = _decode_npy(body, model.inputs, budget)
+                request = V2Request()
+            elif v2:
+                if not body.strip():
+                    raise RequestError("empty body; expected a JSON infer request")
+                if numeric is not None and holes is not None:
+                    header, blobs, fast = numeric.fill(holes.get), memoryview(b""), False
+                else:
+                    header, blobs = split_binary(body, length.decode("latin-1") if length is not None else None)
+                    fast = length is None and plain_numbers(body, header, v2=True)
+                feeds, request = decode_v2(header, model.inputs, model.outputs, model.overridable, blobs, budget, fast)
+            else:
+                if not body.strip():
+                    raise RequestError("empty body; expected JSON")
+                if numeric is not None and holes is not None:
+                    parsed, fast = numeric.fill(holes.get), False
+                else:
+                    parsed = parse_json(body)
+                    fast = plain_numbers(body, parsed, v2=False)
+                feeds = decode_predict(parsed, model.inputs, model.overridable, fast)
+                request = V2Request()
+        finally:
+            self._release(held)
         needed = sum(a.nbytes for a in feeds.values()) + _output_bytes(model.inputs, model.outputs, feeds,
                                                                        request.outputs)  # fmt: skip
         if needed > budget:

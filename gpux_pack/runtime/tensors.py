@@ -6,6 +6,7 @@ Every check names the input and what is wrong; a bad request costs the server no
 from __future__ import annotations
 
 import math
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -88,6 +89,201 @@ def too_deep(raw: bytes | memoryview, limit: int = MAX_DEPTH) -> bool:
             return True
         level, inside = int(depth[-1]), int(in_string[-1])
     return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Large numeric arrays straight from the JSON text: no Python object per number
+
+
+JSON_FACTOR = 40  # what orjson's Python objects peak at per byte of JSON text: measured 13x (true)
+                  # to 23x (float rows) and 36x (small dicts), bench/json_memory.py
+FAST_MIN = 64 * 1024  # arrays this large (bytes of text) are decoded from the text itself
+FAST_CHUNK = 1 << 20  # the text is scanned and parsed in pieces this large: bounded scratch memory
+_RUN = re.compile(rb"\[[0-9.eE+\-\[\], \t\n\r]*+")  # possessive: each run is scanned once
+_BAD_NUMBER = re.compile(  # what strtod takes but JSON does not: +1 .5 1. 1e 01 1-2 -x
+    rb"(?<![eE])\+|(?<![0-9])\.|\.(?![0-9])|(?<![0-9])[eE]|[eE](?![+\-]?[0-9])|(?<![eE])-(?![0-9])"
+    rb"|[0-9.]-|(?<![0-9.eE+\-])-?0[0-9]")
+_TOKENS = bytes.maketrans(b"0123456789.eE+-", b"n" * 15)  # a number's characters -> n
+_SPACES = bytes.maketrans(b"[],", b"   ")
+_WS = b" \t\n\r"
+_PLACEHOLDER = b'{"\\u0000":%d}'  # a key no request can hold: a raw control character is not JSON
+_HOLE = "\0"
+
+
+@dataclass
+class NumericBody:
+    """A JSON body whose large arrays are all numbers: the rest parsed (small), each array left
+    as a hole {"\\0": i} to be filled from spans[i] of the text."""
+
+    raw: bytes
+    skeleton: Any
+    spans: list[tuple[int, int]]
+
+    def decode_cost(self, itemsize: int = 8) -> int:
+        """Bytes decoding may hold at once: the skeleton's objects, the structure check (at most
+        the arrays' text) and each array (at most one number per two bytes), plus the scratch."""
+        text = sum(end - start for start, end in self.spans)
+        return (len(self.raw) - text) * JSON_FACTOR + text * (2 + itemsize) // 2 + 4 * FAST_CHUNK
+
+    def fill(self, dtype_of: Any) -> Any:
+        """The skeleton with each hole replaced by its array, in the dtype `dtype_of(path)` gives
+        (None: the hole stays, and the decoders refuse it as an object where a list belongs)."""
+        def walk(value: Any, path: tuple) -> Any:
+            if isinstance(value, dict):
+                if len(value) == 1 and _HOLE in value:
+                    dtype = dtype_of(path)
+                    return value if dtype is None else numeric_array(self.raw, *self.spans[value[_HOLE]], dtype, path)
+                return {k: walk(v, (*path, k)) for k, v in value.items()}
+            if isinstance(value, list):
+                return [walk(v, (*path, i)) for i, v in enumerate(value)]
+            return value
+
+        return walk(self.skeleton, ())
+
+
+def numeric_body(raw: bytes) -> NumericBody | None:
+    """The body's large all-number arrays found without parsing it (None: there are none, or
+    the text cannot be split safely). An array counts only as an object's value (after `:`,
+    before `,` or `}`), outside strings (quote parity; a body with a backslash is not split)."""
+    if len(raw) < FAST_MIN or b"\\" in raw:
+        return None
+    spans: list[tuple[int, int]] = []
+    quotes, last = 0, 0
+    for m in _RUN.finditer(raw):
+        start, end = m.span()
+        if end - start < FAST_MIN:
+            continue
+        end = raw.rindex(b"]", start, end) + 1
+        quotes += raw.count(b'"', last, start)
+        last = start
+        if end - start < FAST_MIN or quotes & 1 or raw.count(b"[", start, end) != raw.count(b"]", start, end):
+            continue
+        if raw[max(0, start - 64): start].rstrip(_WS)[-1:] != b":" or raw[end: end + 64].lstrip(_WS)[:1] not in (b",", b"}"):
+            continue
+        spans.append((start, end))
+    if not spans:
+        return None
+    parts, at = [], 0
+    for i, (start, end) in enumerate(spans):
+        parts += [raw[at:start], _PLACEHOLDER % i]
+        at = end
+    parts.append(raw[at:])
+    return NumericBody(raw, parse_json(b"".join(parts)), spans)
+
+
+def hole_dtypes(body: NumericBody, inputs: Sequence["TensorSpec"], overridable: Sequence["TensorSpec"],
+                v2: bool) -> dict[tuple, np.dtype | None] | None:
+    """The dtype each hole's array becomes: its float input's (None: the hole is no input's
+    data, and the decoders refuse it as they would any object there). None for the whole body
+    when a hole is the data of a non-float input: then the body is parsed as usual."""
+    by_name = {s.name: s for s in (*overridable, *inputs)}
+    out: dict[tuple, np.dtype | None] = {}
+    for path in _holes(body.skeleton, ()):
+        spec = None
+        if v2 and len(path) == 3 and path[0] == "inputs" and path[2] == "data":
+            item = body.skeleton["inputs"][path[1]]
+            spec = by_name.get(item.get("name"))  # type: ignore[arg-type]
+            if spec is not None and item.get("datatype") != spec.datatype:
+                spec = None  # decode_v2 names the mismatch
+        elif not v2 and (len(path) == 1 or len(path) == 2 and path[0] == "inputs" and "inputs" not in by_name):
+            spec = by_name.get(path[-1])
+        if spec is None:
+            out[path] = None
+        elif spec.dtype in DTYPES and np.dtype(DTYPES[spec.dtype][0]).kind == "f":
+            out[path] = np.dtype(DTYPES[spec.dtype][0])
+        else:
+            return None
+    return out
+
+
+def _holes(value: Any, path: tuple) -> list[tuple]:
+    if isinstance(value, dict):
+        if len(value) == 1 and _HOLE in value:
+            return [path]
+        return [p for k, v in value.items() for p in _holes(v, (*path, k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _holes(v, (*path, i))]
+    return []
+
+
+def numeric_array(raw: bytes, start: int, end: int, dtype: np.dtype, path: tuple = ()) -> np.ndarray:
+    """raw[start:end], a JSON array of numbers, as an array of `dtype`: its shape from the
+    brackets (every row the same length, or a 400), numbers parsed by numpy in pieces."""
+    what = "input " + repr(path[-1] if path and isinstance(path[-1], str) else ".".join(map(str, path)))
+    if _BAD_NUMBER.search(raw, start, end):
+        raise RequestError(f"{what}: malformed JSON number")
+    # the structure: each number one 'n', whitespace gone; built in pieces (bounded scratch)
+    pieces, previous = [], False
+    for a in range(start, end, FAST_CHUNK):
+        text = np.frombuffer(raw[a: min(end, a + FAST_CHUNK)].translate(_TOKENS, _WS), np.uint8)
+        if not text.size:
+            continue
+        number = text == ord("n")
+        follows = np.empty_like(number)
+        follows[0], follows[1:] = previous, number[:-1]
+        pieces.append(text[~(number & follows)].tobytes())
+        previous = bool(number[-1])
+        del text, number, follows
+    skeleton = b"".join(pieces)
+    del pieces
+    shape = _shape_of(skeleton)
+    if shape is None or _skeleton(shape) != skeleton:
+        if any(bad in skeleton for bad in (b",,", b",]", b"[,", b"n[", b"]n", b"][")):
+            raise RequestError(f"{what}: malformed JSON array")
+        raise RequestError(f"{what}: ragged nested lists (every row needs the same length)")
+    del skeleton
+    count = math.prod(shape)
+    out = np.empty(count, dtype)
+    filled, a = 0, start
+    while a < end:
+        b = raw.find(b",", min(end, a + FAST_CHUNK), end)
+        b = end if b < 0 else b + 1
+        text = raw[a:b].translate(_SPACES)
+        if not text.strip(_WS):  # numpy reads blank text as [-1.0]
+            a = b
+            continue
+        try:
+            values = np.fromstring(text, dtype=np.float64, sep=" ")
+        except ValueError:
+            raise RequestError(f"{what}: malformed JSON number") from None
+        if filled + values.size > count:
+            break
+        out[filled: filled + values.size] = values
+        filled += values.size
+        a = b
+    if filled != count or a < end:
+        raise RequestError(f"{what}: the nested lists hold {count} places but the numbers do not fill them")
+    return out.reshape(shape)
+
+
+def _shape_of(skeleton: bytes) -> tuple[int, ...] | None:
+    """The shape a regular array's skeleton ([[n,n],[n,n]]) would have, read along its first
+    row at each depth (the caller compares the skeleton of that shape with the whole)."""
+    rank = len(skeleton) - len(skeleton.lstrip(b"["))
+    if rank == 0 or rank > 32:
+        return None
+    shape = []
+    for depth in range(rank - 1, 0, -1):  # depth: how many brackets an element still has
+        end = skeleton.find(b"]" * depth, 1)
+        if end < 0:
+            return None
+        element = skeleton[1: end + depth]
+        count, rest = divmod(len(skeleton) - 1, len(element) + 1)
+        if rest:
+            return None
+        shape.append(count)
+        skeleton = element
+    shape.append(skeleton.count(b",") + 1 if skeleton != b"[]" else 0)
+    return tuple(shape)
+
+
+def _skeleton(shape: tuple[int, ...]) -> bytes:
+    """The skeleton of a regular array of this shape."""
+    row = b"n," * (shape[-1] - 1) + b"n" if shape[-1] else b""
+    row = b"[" + row + b"]"
+    for n in reversed(shape[:-1]):
+        row = b"[" + (row + b",") * (n - 1) + row + b"]" if n else b"[]"
+    return row
 
 
 @dataclass(frozen=True)

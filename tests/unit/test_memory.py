@@ -1,0 +1,118 @@
+"""What decoding a request holds, counted before it is held: large all-number JSON arrays go
+straight from the text to numpy (no Python object per number), anything else is charged what
+orjson's objects cost, and a body that can never fit is 413, one that does not fit now 503."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import numpy as np
+import orjson
+import pytest
+
+from gpux_pack.runtime import tensors
+from gpux_pack.runtime.resources import Limits
+from gpux_pack.runtime.server import App
+from gpux_pack.runtime.session import Model
+from gpux_pack.runtime.settings import Settings
+from tests.unit.test_runtime import Client, reference, spec_dir
+
+MiB = 1024 * 1024
+
+
+def _app(tmp_path, memory: int, **env: str) -> Client:
+    folder = spec_dir(tmp_path, "mlp")
+    env = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache"), **env}
+    app = App(Model.load(Settings.load(env, limits=Limits(1, memory, "cgroup"))), "test")
+    app.start_warmup()
+    assert app.ready.wait(10)
+    return Client(app)
+
+
+def _rows(n: int, seed: int = 0) -> np.ndarray:
+    """Floats with every JSON spelling orjson writes: exponents, negatives, long mantissas."""
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, 4)) * 10.0 ** rng.integers(-8, 8, size=(n, 4))).astype(np.float32)
+
+
+@pytest.fixture
+def mlp(tmp_path):
+    return _app(tmp_path, 8 * 1024 * MiB)
+
+
+def test_large_numeric_json_equals_the_small_path_bit_for_bit(mlp):
+    x = _rows(20000)
+    logits, probs = reference("mlp", {"features": x})
+    body = orjson.dumps({"features": x.tolist()})
+    assert len(body) > tensors.FAST_MIN and tensors.numeric_body(body) is not None
+    status, answer, _ = mlp.request("POST", "/predict", body)
+    assert status == 200
+    np.testing.assert_array_equal(np.asarray(answer["probs"], np.float32), probs)
+    v2 = orjson.dumps({"inputs": [{"name": "features", "shape": [20000, 4], "datatype": "FP32", "data": x.ravel().tolist()}]})
+    status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", v2)
+    assert status == 200
+    np.testing.assert_array_equal(np.asarray(answer["outputs"][0]["data"], np.float32).reshape(20000, 3), logits)
+    feeds, _ = mlp.app._decode(body, {}, False)
+    np.testing.assert_array_equal(feeds["features"], np.array(orjson.loads(body)["features"], np.float32))
+
+
+def test_decoding_12_mib_of_float_rows_holds_a_fraction_of_what_python_objects_would(mlp):
+    """The reporter's body: orjson's objects peak at about 23x its size; this path at under 3x."""
+    body = b'{"features": [' + b"[5.1,3.5,1.4,0.2]," * (12 * MiB // 18) + b"[5.1,3.5,1.4,0.2]]}"
+    tracemalloc.start()
+    try:
+        feeds, _ = mlp.app._decode(body, {}, False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert feeds["features"].shape == (12 * MiB // 18 + 1, 4) and feeds["features"].dtype == np.float32
+    assert peak < 3 * len(body), peak / len(body)
+    assert mlp.app.in_flight_bytes == 0
+
+
+def test_a_body_that_can_never_fit_is_413_and_one_that_does_not_fit_now_is_503(tmp_path):
+    client = _app(tmp_path, 64 * MiB, GPUX_MAX_REQUEST_BYTES=str(64 * MiB))  # 32 MiB may be in flight
+    numbers = orjson.dumps({"features": _rows(40000).tolist()})  # ~1.3 MB: decoded from the text
+    escaped = numbers[:-1] + b', "features2": "\\u0041"}'  # a backslash: parsed whole, 40x its size
+    assert tensors.numeric_body(escaped) is None and len(escaped) * tensors.JSON_FACTOR > 32 * MiB
+    status, answer, _ = client.request("POST", "/predict", escaped)
+    assert status == 413 and "binary" in answer["error"] and "half its memory" in answer["error"], answer
+    assert client.request("POST", "/predict", numbers)[0] == 200
+    held = client.app._hold(30 * MiB)  # another request holds most of the budget
+    try:
+        status, answer, headers = client.request("POST", "/predict", numbers)
+        assert status == 503 and headers[b"retry-after"] == b"1", answer
+    finally:
+        client.app._release(held)
+    assert client.request("POST", "/predict", numbers)[0] == 200 and client.app.in_flight_bytes == 0
+
+
+@pytest.mark.parametrize("rows, words", [
+    (b"[1,2,3,4]," * 9000 + b"[1,2,3]", "ragged nested lists"),
+    (b"[1,2,3,4]," * 9000 + b"[1,2,3,+4]", "malformed JSON number"),
+    (b"[1,2,3,4]," * 9000 + b"[1,2,3,.4]", "malformed JSON number"),
+    (b"[1,2,3,4]," * 9000 + b"[1,2,3,4],", "malformed JSON"),
+    (b"[1,2,3,4]," * 9000 + b'[1,2,3,"4"]', "got strings"),
+    (b"[1,2,3,4]," * 9000 + b"[1,2,3,null]", "or nulls"),
+])  # fmt: skip
+def test_large_bodies_are_refused_as_small_ones_are(mlp, rows, words):
+    status, answer, _ = mlp.request("POST", "/predict", b'{"features": [' + rows + b"]}")
+    assert status == 400 and words in answer["error"], answer
+    v2 = b'{"inputs": [{"name": "features", "shape": [9001, 4], "datatype": "FP32", "data": [' + rows + b"]}]}"
+    status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", v2)
+    assert status == 400 and words in answer["error"], answer
+
+
+def test_arrays_inside_strings_or_elsewhere_are_not_taken_for_tensors(mlp):
+    text = "[" + ",".join(["1.5"] * 30000) + "]"
+    body = json.dumps({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}], "id": text}).encode()  # fmt: skip
+    status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", body)
+    assert status == 200 and answer["id"] == text
+    body = json.dumps({"inputs": [{"name": "features", "shape": [30000], "datatype": "FP32", "data": [1, 2, 3, 4]}],
+                       "outputs": [{"name": "logits", "parameters": {"x": json.loads(text)}}]}).encode()  # fmt: skip
+    status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", body)
+    assert status == 400 and "shape [30000] needs 30000 values" in answer["error"], answer
+    status, answer, _ = mlp.request("POST", "/predict", {"features": [[1, 2, 3, 4]], "extra": json.loads(text)})
+    assert status == 400 and "unknown input 'extra'" in answer["error"], answer
