@@ -497,6 +497,13 @@ def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] |
 
     settings = model.settings
     app = App(model, pack_version)
+    try:
+        from .protocol import protocol
+
+        http: Any = protocol(settings.max_header_bytes, settings.read_timeout,
+                             lambda reason: app.metrics.refused.labels(reason).inc())  # fmt: skip
+    except ImportError:  # no httptools: h11, which bounds an unfinished head by itself (no timer)
+        http = "h11"
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -507,7 +514,8 @@ def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] |
         server_header=False,
         timeout_graceful_shutdown=max(1, int(settings.drain_seconds)),
         access_log=False,  # ours, with the fields the JSON format needs
-        http="auto",  # httptools when installed, else h11
+        http=http,  # httptools with a head limit and read timeouts (protocol.py), else h11
+        h11_max_incomplete_event_size=settings.max_header_bytes,
         loop="asyncio",
     )
     server = uvicorn.Server(config)

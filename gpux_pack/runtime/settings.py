@@ -70,6 +70,8 @@ class Settings:
     batching: tuple[int, float] | None = None  # (max_batch_size, max_delay_ms)
     limits: Any = None  # resources.Limits: what the cgroup gives
     grpc_port: int | None = None  # KServe v2 gRPC (serving.grpc_port; the image then has grpcio)
+    max_header_bytes: int = 64 * 1024  # a request's line and headers; beyond: 431 and closed
+    read_timeout: float = 15.0  # headers not complete, or a body silent, this long: the connection is closed
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, limits: Any = None) -> "Settings":
@@ -93,6 +95,8 @@ class Settings:
         max_queue = _whole(env, "GPUX_MAX_QUEUE", 1, 1 << 20, "a positive whole number of requests")
         max_request = _whole(env, "GPUX_MAX_REQUEST_BYTES", 1, None, "a positive whole number of bytes")
         drain = _seconds(env, "GPUX_DRAIN_SECONDS")
+        max_header = _whole(env, "GPUX_MAX_HEADER_BYTES", 1024, 1 << 24, "a whole number of bytes from 1024 to 16777216")
+        read_timeout = _seconds(env, "GPUX_READ_TIMEOUT")
         path, spec = _read_config(env)
 
         serving = spec.get("serving") or {}
@@ -130,6 +134,8 @@ class Settings:
             batching=batch,
             limits=lim,
             grpc_port=int(serving["grpc_port"]) if serving.get("grpc_port") else None,
+            max_header_bytes=max_header or 64 * 1024,
+            read_timeout=read_timeout or 15.0,
         )
 
 

@@ -1,0 +1,105 @@
+"""uvicorn's httptools protocol with the two limits it lacks: the size of a request's head
+(request line and headers) and the time a client may take to send it or to go silent in the
+middle of a body.
+
+httptools keeps an unfinished header in memory as it arrives and uvicorn sets no timer before a
+connection's first response, so 16 clients sending 4 MiB headers slowly held 80 MiB and were
+never closed, and a 32 MiB header was served. Here a head past `max_head` bytes is answered 431
+and closed (the limit holds to within one read, at most 256 KiB), a head not complete within
+`timeout` seconds of the connection or of its first byte is answered 408 and closed, and a body
+that sends nothing for `timeout` seconds is closed (the app sees the client gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def _response(status: str, message: str) -> bytes:
+    body = ('{"error": "%s"}' % message).encode()
+    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n").encode() + body  # fmt: skip
+
+
+class LimitedProtocol(HttpToolsProtocol):
+    max_head = 64 * 1024
+    timeout = 15.0
+    refused: Callable[[str], None] = staticmethod(lambda reason: None)  # counts refusals (metrics)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head = 0  # bytes of the current request's head received so far
+        self._in_head = True
+        self._in_body = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(self.timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _refuse(self, status: str, message: str, reason: str) -> None:
+        self._disarm()
+        self._in_head = self._in_body = False
+        if not self.transport.is_closing():
+            self.transport.write(_response(status, message))
+            self.transport.close()
+        type(self).refused(reason)
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self._in_head:
+            self._refuse("408 Request Timeout", f"the request's headers did not arrive within {self.timeout:g}s "
+                         "(GPUX_READ_TIMEOUT)", "header_timeout")  # fmt: skip
+        elif self._in_body:
+            self._in_body = False
+            self.transport.close()  # the app reads a disconnect and answers nobody
+            type(self).refused("body_timeout")
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if self._in_body:
+            self._arm()  # the body is still arriving: its silence is what is timed
+        super().data_received(data)
+        if self._in_head and not self.transport.is_closing():
+            self._head += len(data)
+            if self._head > self.max_head:
+                self._refuse("431 Request Header Fields Too Large", f"the request's headers exceed {self.max_head} "
+                             "bytes (GPUX_MAX_HEADER_BYTES)", "headers")  # fmt: skip
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._in_head:  # a later request on this connection: its head is timed anew
+            self._in_head, self._head = True, 0
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._in_body = False, True
+        self._arm()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        self._disarm()
+        super().on_message_complete()
+
+
+def protocol(max_head: int, timeout: float, refused: Callable[[str], None]) -> Any:
+    """The protocol class for uvicorn's `http` setting, with these limits."""
+    return type("LimitedProtocol", (LimitedProtocol,), {"max_head": max_head, "timeout": timeout,
+                                                         "refused": staticmethod(refused)})  # fmt: skip
