@@ -232,6 +232,10 @@ def check_model_for(model: ModelInfo, provider: Provider) -> None:
     """The model must load in the onnxruntime the image carries: opsets it knows, operators it
     implements. Otherwise the image builds and every container exits at start."""
     ort = f"{provider.ort} {provider.version}"
+    if model.ir_version > provider.onnx_ir:
+        raise ModelError(model.path.name, f"IR version {model.ir_version}; {ort} loads IR versions up to "
+                                          f"{provider.onnx_ir} (save it with an older IR version, e.g. "
+                                          f"onnx.helper.make_model(..., ir_version={provider.onnx_ir}))")
     for domain, newest in (("ai.onnx", provider.onnx_opset), ("ai.onnx.ml", provider.onnx_ml_opset)):
         version = model.opsets.get(domain, 0)
         if version > newest:

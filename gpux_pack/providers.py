@@ -74,10 +74,14 @@ class Provider:
     cache_caveat: str = ""  # why a baked or volume cache saves no start time, when it does not
     env: tuple[tuple[str, str], ...] = ()  # the image's environment for this provider
     template: str = ""
-    # Newest ai.onnx / ai.onnx.ml opsets this onnxruntime release loads (it refuses newer ones):
-    # measured by loading models of each opset with the CPU wheel of the same release.
-    onnx_opset: int = 26
-    onnx_ml_opset: int = 5
+    # Newest model IR version and ai.onnx / ai.onnx.ml opsets this onnxruntime release loads (it
+    # refuses newer ones: "Unsupported model IR version", "Opset N is under development"). Measured
+    # by bench/ort_limits.py: models of IR 3-15, opset 7-30 and ml opset 1-8 loaded with the release
+    # (onnxruntime, onnxruntime-openvino) or the CPU onnxruntime wheel of its number (the GPU
+    # wheels; rocm 1.22.2 with 1.22.1, migraphx 1.27.1 with 1.27.0: no CPU wheel of that number).
+    onnx_ir: int = field(kw_only=True)
+    onnx_opset: int = field(kw_only=True)
+    onnx_ml_opset: int = field(kw_only=True)
 
     def requirement(self, nvidia_libs: str = "wheels") -> str:
         extras = f"[{','.join(self.extras)}]" if self.extras and nvidia_libs == "wheels" else ""
@@ -119,6 +123,7 @@ PROVIDERS: dict[str, Provider] = {
             title="CPU",
             ort="onnxruntime",
             version="1.31.1",
+            onnx_ir=13, onnx_opset=26, onnx_ml_opset=5,
             python=("3.11", "3.14"),
             min_glibc=(2, 28),
             platforms=("linux/amd64", "linux/arm64"),
@@ -130,7 +135,8 @@ PROVIDERS: dict[str, Provider] = {
             name="cuda",
             title="NVIDIA CUDA 13",
             ort="onnxruntime-gpu",
-            version="1.31.1",
+            version="1.31.1",  # the newest onnxruntime-gpu: no IR 14
+            onnx_ir=13, onnx_opset=26, onnx_ml_opset=5,
             extras=("cuda", "cudnn"),
             python=("3.11", "3.14"),
             min_glibc=(2, 28),
@@ -156,7 +162,8 @@ PROVIDERS: dict[str, Provider] = {
             name="tensorrt",
             title="NVIDIA TensorRT 10 (CUDA 13)",
             ort="onnxruntime-gpu",
-            version="1.31.1",
+            version="1.31.1",  # the newest onnxruntime-gpu: no IR 14
+            onnx_ir=13, onnx_opset=26, onnx_ml_opset=5,
             python=("3.11", "3.14"),
             min_glibc=(2, 28),
             platforms=("linux/amd64",),
@@ -179,7 +186,7 @@ PROVIDERS: dict[str, Provider] = {
             title="AMD ROCm 7.2",
             ort="onnxruntime-rocm",
             version="1.22.2.post3",
-            onnx_opset=22,
+            onnx_ir=10, onnx_opset=22, onnx_ml_opset=5,
             # no Requires-Dist in the wheel: its imports are listed here
             extra_requirements=("numpy", "protobuf", "flatbuffers", "packaging"),
             python=("3.10", "3.14"),
@@ -198,7 +205,8 @@ PROVIDERS: dict[str, Provider] = {
             name="migraphx",
             title="AMD MIGraphX (ROCm 7.2)",
             ort="onnxruntime-migraphx",
-            version="1.27.1",  # opset 26: as 1.26.0 and 1.31.1 (its CPU wheel was not measured)
+            version="1.27.1",
+            onnx_ir=13, onnx_opset=26, onnx_ml_opset=5,
             python=("3.11", "3.14"),
             min_glibc=(2, 34),
             platforms=("linux/amd64",),
@@ -215,8 +223,8 @@ PROVIDERS: dict[str, Provider] = {
             name="openvino",
             title="Intel OpenVINO 2025.4",
             ort="onnxruntime-openvino",
-            version="1.24.1",
-            onnx_opset=25,
+            version="1.24.1",  # the newest onnxruntime-openvino: no IR 14
+            onnx_ir=13, onnx_opset=25, onnx_ml_opset=5,
             python=("3.11", "3.13"),
             min_glibc=(2, 28),
             platforms=("linux/amd64",),
@@ -236,6 +244,7 @@ CUDA12: dict[str, dict[str, Any]] = {
     "cuda": {
         "title": "NVIDIA CUDA 12",
         "version": "1.26.0",
+        "onnx_ir": 13, "onnx_opset": 26, "onnx_ml_opset": 5,
         "cuda": "12",
         "platforms": ("linux/amd64",),  # 1.26.0 has no aarch64 wheel
         "bases": {
@@ -248,7 +257,7 @@ CUDA12: dict[str, dict[str, Any]] = {
         # ORT 1.22 is documented with TensorRT 10.9 and CUDA 12.0-12.8: the 25.03 container
         "title": "NVIDIA TensorRT 10 (CUDA 12)",
         "version": "1.22.0",
-        "onnx_opset": 22,
+        "onnx_ir": 10, "onnx_opset": 22, "onnx_ml_opset": 5,
         "cuda": "12",
         "bases": {"default": BaseImage("nvcr.io/nvidia/tensorrt:25.03-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
     },

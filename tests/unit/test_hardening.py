@@ -199,6 +199,29 @@ def test_cpu_accepts_its_newest_opset(tmp_path, capsys):
     assert code == 1 and NO_ENGINE in lines[0], lines
 
 
+def _ir(version: int):
+    def make(folder: Path) -> None:
+        model = onnx.load(str(folder / "model.onnx"))
+        model.ir_version = version
+        onnx.save(model, str(folder / "model.onnx"))
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "provider, line",
+    [
+        ("openvino", "error: model.onnx: IR version 14; onnxruntime-openvino 1.24.1 loads IR versions up to 13 (save it "
+                     "with an older IR version, e.g. onnx.helper.make_model(..., ir_version=13))"),
+        ("cuda", "error: model.onnx: IR version 14; onnxruntime-gpu 1.31.1 loads IR versions up to 13 (save it with "
+                 "an older IR version, e.g. onnx.helper.make_model(..., ir_version=13))"),
+    ],
+)
+def test_an_ir_version_the_image_cannot_load_fails_before_docker(tmp_path, capsys, provider, line):
+    code, lines = cli("build", str(project(tmp_path, "name: m\n" + B, _ir(14))), "-p", provider, capsys=capsys)
+    assert code == 2 and lines == [line]
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

@@ -121,3 +121,63 @@ def test_device_and_extra_provider_options(tmp_path):
     (tmp_path / "gpux.yml").write_text("name: m\nmodel: {source: m.onnx}\npack:\n  provider_options: {cdua: {}}\n")
     with pytest.raises(Exception, match="unknown provider 'cdua' \\(did you mean 'cuda'"):
         load_project(tmp_path)
+
+
+# Each pinned release's newest loadable IR version, ai.onnx and ai.onnx.ml opset, as
+# bench/ort_limits.py measured them. A new pin without a new measurement fails here.
+MEASURED = {
+    "onnxruntime==1.31.1": (13, 26, 5),
+    "onnxruntime-gpu==1.31.1": (13, 26, 5),
+    "onnxruntime-gpu==1.26.0": (13, 26, 5),
+    "onnxruntime-gpu==1.22.0": (10, 22, 5),
+    "onnxruntime-rocm==1.22.2.post3": (10, 22, 5),
+    "onnxruntime-migraphx==1.27.1": (13, 26, 5),
+    "onnxruntime-openvino==1.24.1": (13, 25, 5),
+}
+ROWS = [(name, cuda) for name in providers.PROVIDERS for cuda in ("13", "12") if cuda == "13" or name in providers.CUDA12]
+
+
+def _model_of_ir(folder, ir: int):
+    from onnx import TensorProto, helper, save
+
+    from gpux_pack.model import inspect_model
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g", [x], [y])
+    path = folder / f"ir{ir}.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=ir), str(path))
+    return inspect_model(path)
+
+
+def test_every_pinned_release_has_measured_limits():
+    for name, cuda in ROWS:
+        row = providers.get(name, cuda)
+        pin = f"{row.ort}=={row.version}"
+        assert pin in MEASURED, f"{pin} ({name}, CUDA {cuda}) was not measured: run bench/ort_limits.py"
+        assert (row.onnx_ir, row.onnx_opset, row.onnx_ml_opset) == MEASURED[pin], (name, cuda)
+
+
+@pytest.mark.parametrize("name, cuda", ROWS)
+def test_ir_version_newer_than_the_images_onnxruntime_loads_is_refused(tmp_path, name, cuda):
+    from dataclasses import replace
+
+    import onnx
+
+    from gpux_pack.errors import ModelError
+    from gpux_pack.plan import check_model_for
+
+    row = providers.get(name, cuda)
+    check_model_for(_model_of_ir(tmp_path, row.onnx_ir), row)  # its newest loads
+    if row.onnx_ir < onnx.IR_VERSION:
+        newer = _model_of_ir(tmp_path, row.onnx_ir + 1)
+    else:  # the host's onnx cannot save it yet (its checker refuses it): the same model, stamped newer
+        newer = replace(_model_of_ir(tmp_path, row.onnx_ir), ir_version=row.onnx_ir + 1,
+                        path=tmp_path / f"ir{row.onnx_ir + 1}.onnx")
+    with pytest.raises(ModelError) as refused:
+        check_model_for(newer, row)
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        f"ir{row.onnx_ir + 1}.onnx: IR version {row.onnx_ir + 1}; {row.ort} {row.version} loads IR versions up to "
+        f"{row.onnx_ir} (save it with an older IR version, e.g. onnx.helper.make_model(..., ir_version={row.onnx_ir}))"
+    )
