@@ -122,8 +122,8 @@ PROVIDERS: dict[str, Provider] = {
             name="cpu",
             title="CPU",
             ort="onnxruntime",
-            version="1.31.1",
-            onnx_ir=13, onnx_opset=26, onnx_ml_opset=5,
+            version="1.32.0",  # the first release that loads IR 14 (onnx 1.23's make_model default)
+            onnx_ir=14, onnx_opset=28, onnx_ml_opset=5,
             python=("3.11", "3.14"),
             min_glibc=(2, 28),
             platforms=("linux/amd64", "linux/arm64"),

@@ -132,7 +132,7 @@ def test_runtime_base_image_makes_model_builds_small(tmp_path, docker_client, ta
     proc = run_cli("base", "build", "--provider", "cpu", "--base-image", BASE_IMAGE, "--no-link-check", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     runtime = json.loads(proc.stdout)["tag"]
-    assert runtime.startswith("gpux-pack/runtime-cpu:1.31.1-")
+    assert runtime.startswith("gpux-pack/runtime-cpu:1.32.0-")
     try:
         project = cuda_project(tmp_path, "  link_check: false\n")
         proc = run_cli("build", str(project), "--base-image", BASE_IMAGE, "--tag", tags("on-runtime:1"), "--json")

@@ -50,7 +50,7 @@ def test_info_and_metadata(mlp_image):
         info = server.get("/info").json()
         assert info["name"] == "iris-mlp" and info["version"] == "1.0.0"
         assert info["execution_providers"]["active"] == ["CPUExecutionProvider"]
-        assert info["onnxruntime"] == mlp_image["onnxruntime"] == "1.31.1"
+        assert info["onnxruntime"] == mlp_image["onnxruntime"] == "1.32.0"
         assert info["warmup"]["mode"] == "at-start" and info["warmup"]["state"] == "done"
         cpus, threads = len(os.sched_getaffinity(0)), info["threads"]  # the container has the host's CPUs
         if cpus > 1:  # warmup timed one thread against all of them, and kept the faster
@@ -88,7 +88,7 @@ def test_labels_through_inspect(mlp_image):
     assert labels["io.gpux.model.sha256"] == model_sha
     assert labels["io.gpux.model.name"] == "iris-mlp" and labels["io.gpux.model.version"] == "1.0.0"
     assert labels["io.gpux.provider"] == "cpu" and labels["io.gpux.warmup"] == "at-start"
-    assert labels["io.gpux.onnxruntime.version"] == "1.31.1"
+    assert labels["io.gpux.onnxruntime.version"] == "1.32.0"
     assert labels["org.opencontainers.image.title"] == "iris-mlp"
     assert labels["org.opencontainers.image.base.name"] == BASE_IMAGE
     for key in ("org.opencontainers.image.created", "org.opencontainers.image.version",

@@ -183,7 +183,7 @@ def _opset(version: int = 17, domain: str = "", ml: int | None = None):
 @pytest.mark.parametrize(
     "model, provider, words",
     [
-        (_opset(99), "cpu", "imports opset 99 of ai.onnx; onnxruntime 1.31.1 loads opsets up to 26"),
+        (_opset(99), "cpu", "imports opset 99 of ai.onnx; onnxruntime 1.32.0 loads opsets up to 28"),
         (_opset(26), "openvino", "onnxruntime-openvino 1.24.1 loads opsets up to 25"),
         (_opset(ml=9), "cpu", "opset 9 of ai.onnx.ml"),
         (_opset(domain="my.ops"), "cpu", "uses the custom operator my.ops:Gemm"),
@@ -195,7 +195,7 @@ def test_models_the_image_cannot_load_fail_before_docker(tmp_path, capsys, model
 
 
 def test_cpu_accepts_its_newest_opset(tmp_path, capsys):
-    code, lines = build(project(tmp_path, "name: m\n" + B, _opset(26)), capsys)
+    code, lines = build(project(tmp_path, "name: m\n" + B, _opset(28)), capsys)
     assert code == 1 and NO_ENGINE in lines[0], lines
 
 
@@ -220,6 +220,11 @@ def _ir(version: int):
 def test_an_ir_version_the_image_cannot_load_fails_before_docker(tmp_path, capsys, provider, line):
     code, lines = cli("build", str(project(tmp_path, "name: m\n" + B, _ir(14))), "-p", provider, capsys=capsys)
     assert code == 2 and lines == [line]
+
+
+def test_cpu_accepts_ir_version_14(tmp_path, capsys):
+    code, lines = build(project(tmp_path, "name: m\n" + B, _ir(14)), capsys)
+    assert code == 1 and NO_ENGINE in lines[0], lines
 
 
 @pytest.mark.parametrize(

@@ -126,7 +126,7 @@ def test_device_and_extra_provider_options(tmp_path):
 # Each pinned release's newest loadable IR version, ai.onnx and ai.onnx.ml opset, as
 # bench/ort_limits.py measured them. A new pin without a new measurement fails here.
 MEASURED = {
-    "onnxruntime==1.31.1": (13, 26, 5),
+    "onnxruntime==1.32.0": (14, 28, 5),
     "onnxruntime-gpu==1.31.1": (13, 26, 5),
     "onnxruntime-gpu==1.26.0": (13, 26, 5),
     "onnxruntime-gpu==1.22.0": (10, 22, 5),

@@ -123,7 +123,7 @@ def test_model_on_runtime_base_sends_only_the_model():
     plan = plan_for("cpu")
     text = render.dockerfile(plan, "model")
     assert_clean(text)
-    assert plan.runtime_base.startswith("gpux-pack/runtime-cpu:1.31.1-")
+    assert plan.runtime_base.startswith("gpux-pack/runtime-cpu:1.32.0-")
     assert text.count("FROM ") == 1 and f"FROM {plan.runtime_base}" in text
     copies = [line for line in text.splitlines() if line.startswith("COPY ")]
     assert copies == ["COPY model/ /", "COPY config/ /"] and "\nRUN " not in text
@@ -149,7 +149,7 @@ def test_labels_are_escaped_and_complete():
     for key in ("org.opencontainers.image.title", "org.opencontainers.image.created", "io.gpux.model.sha256",
                 "io.gpux.provider", "io.gpux.onnxruntime.version", "io.gpux.pack.version", "io.gpux.warmup"):
         assert f"{key}=" in text
-    assert 'io.gpux.onnxruntime.version="1.31.1"' in text and "# Build: docker build -t x:cpu ." in text
+    assert 'io.gpux.onnxruntime.version="1.32.0"' in text and "# Build: docker build -t x:cpu ." in text
     assert render._label('say "hi" $HOME \\ \n twice') == 'say \\"hi\\" \\$HOME \\\\ twice'
 
 

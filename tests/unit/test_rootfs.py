@@ -497,7 +497,8 @@ def test_host_link_check_names_cublas_for_the_cuda_wheel(debian_root, tmp_path):
 
 @pytest.mark.e2e
 def test_host_link_check_passes_for_the_cpu_wheel(debian_root, tmp_path):
-    site = _site_from(_wheel("onnxruntime-1.31.1-*x86_64.whl", "onnxruntime==1.31.1"), tmp_path / "site")
+    cpu = PROVIDERS["cpu"]
+    site = _site_from(_wheel(f"onnxruntime-{cpu.version}-*x86_64.whl", cpu.package), tmp_path / "site")
     lines = []
     assert _check("cpu", debian_root, site, lines.append) == []
     assert lines and lines[0].startswith("link check: CPUExecutionProvider: ") and "libraries resolve" in lines[0]
