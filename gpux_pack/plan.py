@@ -277,9 +277,27 @@ def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
         if parse_reference(tag).digest:
             raise ValueError(f"'{tag}' has a digest; a tag names what is built")
     except ValueError as e:
-        source = "--tag" if cli_tag else ("pack.tag" if cfg.pack.tag else "name/version")
-        raise UsageError(f"{source}: {e}") from None
+        if cli_tag:
+            raise UsageError(f"--tag: {e}") from None
+        if cfg.pack.tag:
+            raise project.error(("pack", "tag"), str(e)) from None
+        raise _default_tag_error(project, fields, tag) from None
     return tag
+
+
+def _default_tag_error(project: Project, fields: dict[str, str], tag: str) -> UsageError:
+    """The default tag <name>:<version>-<provider> is no image reference: blame the field of
+    gpux.yml that made it so (a valid name such as 'a..b' can still be an invalid repository)."""
+    cfg = project.config
+    try:
+        parse_reference(fields["name"])
+    except ValueError:
+        return project.error(("name",), f"'{cfg.name}' cannot name an image: '{fields['name']}' is not a valid "
+                                        "repository ('.', '_', '__' or '-' only between letters or digits); "
+                                        "rename it, or give --tag or pack.tag")
+    return project.error(("version",), f"'{cfg.version}' cannot tag an image: '{tag}' is not a valid image "
+                                       "reference (a tag is at most 128 characters); shorten it, or give "
+                                       "--tag or pack.tag")
 
 
 def created_now() -> str:

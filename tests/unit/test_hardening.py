@@ -228,6 +228,29 @@ def test_cpu_accepts_ir_version_14(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    "yml, line",
+    [
+        ("name: a..b\n" + B, "gpux.yml:1: name: 'a..b' cannot name an image: 'a..b' is not a valid repository "
+                             "('.', '_', '__' or '-' only between letters or digits); rename it, or give --tag or pack.tag"),
+        (B + "version: '1'\nname: My_-Model\n", "gpux.yml:4: name: 'My_-Model' cannot name an image: 'my_-model' "
+                                               "is not a valid repository"),
+        ("name: m\nversion: " + "v" * 125 + "\n" + B, "gpux.yml:2: version: '" + "v" * 125 + "' cannot tag an "
+                                                     "image: 'm:" + "v" * 125 + "-cpu' is not a valid image reference"),
+        ("name: m\n" + B + "pack:\n  tag: 'a..b:{provider}'\n", "gpux.yml:5: pack.tag: 'a..b:cpu' is not a "
+                                                               "valid image reference"),
+    ],
+)
+def test_a_name_that_cannot_make_the_default_tag_names_its_line(tmp_path, capsys, yml, line):
+    code, lines = build(project(tmp_path, yml), capsys)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {tmp_path}/{line}"), lines
+
+
+def test_a_name_that_cannot_make_the_default_tag_builds_with_a_tag(tmp_path, capsys):
+    code, lines = build(project(tmp_path, "name: a..b\n" + B), capsys, "--tag", "ab:1")
+    assert code == 1 and NO_ENGINE in lines[0], lines
+
+
+@pytest.mark.parametrize(
     "args, words",
     [
         (("--tag", "x:y\nRUN z"), "--tag"),
