@@ -211,16 +211,77 @@ def _uv_compile(requirements: list[str], target: Target, pylock: bool = False) -
         cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env
     )
     if proc.returncode != 0:
-        raise WheelError(
-            f"cannot resolve the image's wheels for {target.describe()}: {_uv_reason(proc.stderr)}"
-        )
+        reason = _index_failure(proc.stderr, requirements) or _uv_reason(proc.stderr)
+        raise WheelError(f"cannot resolve the image's wheels for {target.describe()}: {reason}")
     return proc.stdout
 
 
 def _uv_reason(stderr: str) -> str:
     lines = [re.sub(r"^[\s×╰─▶│]+", "", line).strip() for line in stderr.splitlines()]
     lines = [line for line in lines if line and not line.startswith(("hint:", "help:"))]
-    return " ".join(lines)[:600] or "uv failed without a message"
+    return redact(" ".join(lines)[:600]) or "uv failed without a message"
+
+
+# How uv and pip (its --log) say that an index refused the credentials or could not be reached.
+# Either would otherwise report "not found" / "no version satisfies", as if the package were missing.
+_AUTH = [
+    re.compile(r"An index URL \((?P<url>[^)\s]+)\) could not be queried due to a lack of valid authentication "
+               r"credentials \((?P<why>[^)]*)\)"),  # uv
+    re.compile(r"Could not fetch URL (?P<url>\S+): (?P<why>40[13] Client Error: \w+)"),  # pip --log
+    re.compile(r"(?P<why>40[13] (?:Client Error: )?(?:Unauthorized|Forbidden))\)? for url:? \(?(?P<url>[^)\s]+)"),
+    re.compile(r"(?P<why>40[13] Error), Credentials not correct for (?P<url>\S+)"),  # pip
+]
+_DOWN = [
+    re.compile(r"Could not fetch URL (?P<url>\S+): (?P<why>connection error: .*?|timed out|5\d\d Server Error: [\w ]+?)"
+               r"(?: - skipping|$)", re.M),  # pip --log
+    re.compile(r"Failed to fetch: `?(?P<url>[^`\s]+?)`?\s*$(?P<why>(?:.|\n)*?(?:Connection refused|tcp connect error|"
+               r"dns error|failed to lookup address|timed out|Network is unreachable|No route to host|"
+               r"Connection reset|5\d\d [A-Z][\w ]+))", re.M),  # uv
+    re.compile(r"error sending request for url \((?P<url>[^)\s]+)\)(?P<why>(?:.|\n)*?(?:Connection refused|"
+               r"tcp connect error|dns error|failed to lookup address|timed out|Network is unreachable|No route to host))"),
+]
+_WHY = re.compile(r"Connection refused|dns error|failed to lookup address|timed out|Network is unreachable|"
+                  r"No route to host|Connection reset|5\d\d [A-Z][\w ]*[a-z]|Name or service not known", re.I)
+
+
+def _index_failure(text: str, requirements: list[str]) -> str | None:
+    """'package index authentication failed: URL (401 Unauthorized)' or 'package index
+    unreachable: URL (Connection refused)' when uv's or pip's output says so; else None. The
+    URL is the index's (the project page's path taken off), never with credentials."""
+    names = {canonicalize_name(re.split(r"[\s\[=<>!~;@]", r.strip(), maxsplit=1)[0]) for r in requirements if r.strip()}
+    for patterns, what, hint in ((_AUTH, "authentication failed", "check the index's user name and password "
+                                  "(in PIP_INDEX_URL/UV_INDEX_URL, .netrc or the keyring)"),
+                                 (_DOWN, "unreachable", "check the index URL, the network and the proxy")):
+        for pattern in patterns:
+            m = pattern.search(text)
+            if m:
+                why = m.group("why").strip()
+                found = _WHY.search(text, m.start(), m.end() + 400) if what == "unreachable" else None
+                why = re.sub(r"^connection error: |Client Error: ", "", found.group(0) if found else why)
+                return f"package index {what}: {_index_url(m.group('url'), names)} ({why}); {hint}"
+    return None
+
+
+_INDEX_VARIABLES = ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_INDEX", "UV_EXTRA_INDEX_URL", "PIP_INDEX_URL",
+                    "PIP_EXTRA_INDEX_URL")
+
+
+def _index_url(url: str, names: set[str]) -> str:
+    """The index a project page URL belongs to: a configured index it lies under, else the URL
+    without the project's page (https://host/simple/click/ -> https://host/simple)."""
+    url = redact(url).rstrip(".,;'\"`")
+    for variable in _INDEX_VARIABLES:
+        for index in os.environ.get(variable, "").split():
+            index = redact(index.split("=", 1)[1] if re.match(r"^[\w-]+=\w+://", index) else index).rstrip("/")
+            if index and (url.rstrip("/") == index or url.startswith(index + "/")):
+                return index
+    head, _, last = url.rstrip("/").rpartition("/")
+    return head if head.count("/") > 2 and canonicalize_name(last) in names else url.rstrip("/")
+
+
+def redact(text: str) -> str:
+    """Every URL's credentials removed (user:password@ or pip's user:****@)."""
+    return re.sub(r"(?<=://)[^/@\s]+@", "", text)
 
 
 def _parse_compiled(text: str) -> list[Pin]:
@@ -310,13 +371,18 @@ def _pip_download(pins: list[Pin], target: Target, folder: Path) -> None:
         *[arg for plat in target.platforms for arg in ("--platform", plat)],
         "-r", req,
     ]  # fmt: skip
+    log = req + ".log"  # pip's debug log says why an index page could not be fetched (401, refused)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run([*cmd, "--log", log], capture_output=True, text=True)
+        details = Path(log).read_text(errors="replace") if proc.returncode != 0 and os.path.exists(log) else ""
     finally:
         os.unlink(req)
+        if os.path.exists(log):
+            os.unlink(log)
     if proc.returncode != 0:
+        found = _index_failure(proc.stderr + "\n" + details, [p.name for p in pins])
         errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
-        reason = " ".join(errors)[:600] or proc.stderr.strip()[-600:]
+        reason = found or redact(" ".join(errors)[:600] or proc.stderr.strip()[-600:])
         raise WheelError(f"downloading wheels failed: {reason}")
 
 
