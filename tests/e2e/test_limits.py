@@ -1,0 +1,97 @@
+"""Hostile sizes against real containers with small memory limits, locked down as deploy runs
+them: a JSON body at the body limit is served or refused (413/503), never an OOM kill; huge or
+unfinished request heads are refused and closed, and memory stays where it was."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import time
+
+import pytest
+import requests
+
+from tests.e2e.test_serving import _memory
+from tests.conftest import serve
+
+pytestmark = pytest.mark.e2e
+
+MiB = 1024 * 1024
+LOCKED = {"read_only": True, "tmpfs": {"/tmp": ""}, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"]}
+
+
+def _alive(server) -> None:
+    container = server.container.get_wrapped_container()
+    container.reload()
+    assert container.status == "running" and not container.attrs["State"]["OOMKilled"], container.attrs["State"]
+    assert server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}).status_code == 200
+
+
+def _bodies(size: int) -> dict[str, tuple[str, bytes]]:
+    """/predict and v2 JSON bodies of float rows, and one that must be parsed whole, of `size` bytes at most."""
+    rows = (size - 40) // 18
+    predict = b'{"features": [' + b"[5.1,3.5,1.4,0.2]," * (rows - 1) + b"[5.1,3.5,1.4,0.2]]}"
+    head = json.dumps({"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32", "data": [0]}]}).encode()
+    head = head[: head.rindex(b"[0]")] + b"[" + b"5.1,3.5,1.4,0.2," * (rows - 1) + b"5.1,3.5,1.4,0.2]}]}"
+    escaped = predict[:-1] + b', "note": "caf\\u00e9"}'  # a backslash: no split, Python objects
+    return {"predict": ("/predict", predict), "v2": ("/v2/models/iris-mlp/infer", head),
+            "escaped": ("/predict", escaped)}  # fmt: skip
+
+
+@pytest.mark.parametrize("memory", ["256m", "128m"])
+def test_json_at_the_body_limit_is_served_or_refused_never_oom_killed(mlp_image, memory):
+    limit = int(memory[:-1]) * MiB // 16  # GPUX_MAX_BODY_BYTES's default: a sixteenth of the memory
+    with serve(mlp_image["tag"], mem_limit=memory, **LOCKED) as server:
+        cases = {f"{k}@limit": v for k, v in _bodies(limit - 64).items()}
+        cases["predict@12MiB"] = _bodies(12 * MiB)["predict"]  # the reporter's OOM at 256m
+        served = _bodies(limit // 8)  # a 128th of the memory: within the per-request budget, answer included
+        cases["predict@served"], cases["v2@served"] = served["predict"], served["v2"]
+        seen = {}
+        for name, (path, body) in cases.items():
+            if len(body) > limit:
+                continue
+            r = requests.post(server.url + path, data=body, timeout=120)
+            seen[name] = r.status_code
+            assert r.status_code in (200, 413, 503), (name, r.status_code, r.text[:300])
+            _alive(server)
+        assert seen["escaped@limit"] == 413, seen  # 40x its size can never fit: refused before parsing
+        assert seen["predict@served"] == seen["v2@served"] == 200, seen  # 58,000 rows at 128m, as JSON both ways
+
+
+def _unfinished_head(port: int, size: int) -> bytes:
+    """Send a request head of `size` bytes that never ends; what the server answers before closing."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            for _ in range(size // 65536):
+                sock.sendall(b"a" * 65536)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        return data
+
+
+def test_huge_and_unfinished_heads_are_closed_and_memory_stays_flat(mlp_image):
+    with serve(mlp_image["tag"], mem_limit="256m", env={"GPUX_READ_TIMEOUT": "2"}, **LOCKED) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        container = server.container.get_wrapped_container()
+        _alive(server)
+        idle = _memory(container)
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda _: _unfinished_head(port, 4 * MiB), range(16)))
+        assert all(a.startswith(b"HTTP/1.1 431") for a in answers), {a[:40] for a in answers}
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:  # a head that stops coming
+            slow.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+            assert slow.recv(65536).startswith(b"HTTP/1.1 408")
+        assert time.monotonic() - started < 20
+        assert server.post("/predict", json={"features": [[1, 2, 3, 4]]}, headers={"X-Fine": "a" * 8000}).status_code == 200
+        after = _memory(container)
+        assert after <= idle * 1.2, (idle, after)
+        _alive(server)
