@@ -29,6 +29,7 @@ from struct import error as struct_error
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from gpux_pack import staging
 from gpux_pack.errors import WheelError
 
 # uv knows these manylinux targets (uv 0.9-0.13): a newer glibc is served by the newest.
@@ -156,8 +157,11 @@ def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False
         if offline:
             raise WheelError(f"no cached lock for {target.describe()} (resolve it once with network, e.g. "
                              "`gpux-pack plan` without --offline)")  # fmt: skip
-        text = _uv_compile(list(requirements), target)
-        _write_atomic(path, text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with staging.locked(path):  # a second build resolving the same lock waits, then reuses it
+            if refresh or not path.is_file():
+                text = _uv_compile(list(requirements), target)
+                _write_atomic(path, text)
     touch(path)
     pins = _parse_compiled(path.read_text())
     return Lock(target, tuple(requirements), tuple(pins))
@@ -232,8 +236,8 @@ _AUTH = [
     re.compile(r"(?P<why>40[13] Error), Credentials not correct for (?P<url>\S+)"),  # pip
 ]
 _DOWN = [
-    re.compile(r"Could not fetch URL (?P<url>\S+): (?P<why>connection error: .*?|timed out|5\d\d Server Error: [\w ]+?)"
-               r"(?: - skipping|$)", re.M),  # pip --log
+    re.compile(r"Could not fetch URL (?P<url>\S+): (?P<why>connection error: .*?|timed out|5\d\d Server Error: [\w ]+?|"
+               r"HTTPS?ConnectionPool\(.*?)(?: - skipping|$)", re.M),  # pip --log
     re.compile(r"Failed to fetch: `?(?P<url>[^`\s]+?)`?\s*$(?P<why>(?:.|\n)*?(?:Connection refused|tcp connect error|"
                r"dns error|failed to lookup address|timed out|Network is unreachable|No route to host|"
                r"Connection reset|5\d\d [A-Z][\w ]+))", re.M),  # uv
@@ -241,7 +245,8 @@ _DOWN = [
                r"tcp connect error|dns error|failed to lookup address|timed out|Network is unreachable|No route to host))"),
 ]
 _WHY = re.compile(r"Connection refused|dns error|failed to lookup address|timed out|Network is unreachable|"
-                  r"No route to host|Connection reset|5\d\d [A-Z][\w ]*[a-z]|Name or service not known", re.I)
+                  r"No route to host|Connection reset|5\d\d [A-Z][\w ]*[a-z]|too many 5\d\d error responses|"
+                  r"Name or service not known")
 
 
 def _index_failure(text: str, requirements: list[str]) -> str | None:
@@ -417,10 +422,7 @@ class _HashIndex:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    staging.write_text(path, text, replace=True)  # readers keep the file they opened
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,22 +462,24 @@ def install(wheelhouse: Wheelhouse, log=lambda msg: None) -> Installed:
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     root = cache_dir() / "installs" / key
     done = root / "installed.json"
-    if done.is_file():
-        touch(root)
-        record = json.loads(done.read_text())
-        return Installed(wheelhouse.lock, root / "site-packages", record["compiled"], tuple(record["removed"]))
-    log(f"installing {len(wheelhouse.wheels)} wheel(s) for {target.describe()} on the host")
-    tmp = root.with_name(f".{key}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    site = tmp / "site-packages"
-    _uv_install(wheelhouse, site)
-    removed = _trim(site)
-    if compiled:
-        _compile(site)
-    (tmp / "installed.json").write_text(json.dumps({"compiled": compiled, "removed": removed}))
-    shutil.rmtree(root, ignore_errors=True)
-    os.replace(tmp, root)
-    return Installed(wheelhouse.lock, root / "site-packages", compiled, tuple(removed))
+    if not done.is_file():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with staging.locked(root):  # a second build of the same install waits, then reuses it
+            if not done.is_file():
+                staging.remove_leftovers(root)
+                if root.exists():  # no installed.json: never complete, so nobody reads it
+                    staging.remove(root)
+                log(f"installing {len(wheelhouse.wheels)} wheel(s) for {target.describe()} on the host")
+                with staging.staged(root) as tmp:
+                    site = tmp / "site-packages"
+                    _uv_install(wheelhouse, site)
+                    removed = _trim(site)
+                    if compiled:
+                        _compile(site)
+                    (tmp / "installed.json").write_text(json.dumps({"compiled": compiled, "removed": removed}))
+    touch(root)
+    record = json.loads(done.read_text())
+    return Installed(wheelhouse.lock, root / "site-packages", record["compiled"], tuple(record["removed"]))
 
 
 def _uv_install(wheelhouse: Wheelhouse, site: Path) -> None:

@@ -26,8 +26,10 @@ HINT_DOWN = "check the index URL, the network and the proxy"
 
 
 class _Refuse(http.server.BaseHTTPRequestHandler):
+    status = 401
+
     def do_GET(self):  # noqa: N802
-        self.send_response(401)
+        self.send_response(self.status)
         self.send_header("WWW-Authenticate", 'Basic realm="index"')
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -38,10 +40,24 @@ class _Refuse(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _Unavailable(_Refuse):
+    status = 503
+
+
 @pytest.fixture
 def refusing_index():
-    """http://127.0.0.1:PORT/simple: 401 to every request (a wrong password)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuse)
+    """127.0.0.1:PORT answering 401 to every request (a wrong password)."""
+    yield from _serve(_Refuse)
+
+
+@pytest.fixture
+def unavailable_index():
+    """127.0.0.1:PORT answering 503 to every request (an index that is down behind its proxy)."""
+    yield from _serve(_Unavailable)
+
+
+def _serve(handler):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"127.0.0.1:{server.server_address[1]}"
@@ -103,7 +119,7 @@ def _cached_lock() -> None:
     cpu = providers.get("cpu")
     target = wheels.Target("3.11", "x86_64", (2, 36))
     path = wheels._lock_path(cpu.requirements(), target)
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"click==8.5.1 --hash=sha256:{'0' * 64}\nonnxruntime=={cpu.version} --hash=sha256:{'1' * 64}\n")
 
 
@@ -134,6 +150,18 @@ def test_fetch_without_credentials_at_an_index_that_wants_them(tmp_path, env, mo
     assert str(failed.value).startswith(f"downloading wheels failed: package index authentication failed: "
                                         f"http://{refusing_index}/simple (401 Unauthorized)")
     assert failed.value.exit_code == 1
+
+
+def test_an_index_answering_503_is_unreachable_for_the_lock_and_the_download(tmp_path, env, monkeypatch,
+                                                                             unavailable_index):
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://user:{SECRET}@{unavailable_index}/simple")
+    line = one_line(render(tmp_path, "--refresh"))
+    assert line == (f"error: cannot resolve the image's wheels for {TARGET}: package index unreachable: "
+                    f"http://{unavailable_index}/simple (503 Service Unavailable); {HINT_DOWN}")
+    _cached_lock()
+    line = one_line(render(tmp_path))
+    assert line == (f"error: downloading wheels failed: package index unreachable: http://{unavailable_index}/simple "
+                    f"(too many 503 error responses); {HINT_DOWN}")
 
 
 def test_redact_takes_every_credential_out():
