@@ -116,3 +116,16 @@ def test_arrays_inside_strings_or_elsewhere_are_not_taken_for_tensors(mlp):
     assert status == 400 and "shape [30000] needs 30000 values" in answer["error"], answer
     status, answer, _ = mlp.request("POST", "/predict", {"features": [[1, 2, 3, 4]], "extra": json.loads(text)})
     assert status == 400 and "unknown input 'extra'" in answer["error"], answer
+
+
+@pytest.mark.parametrize("numbers", [b"1", b"5.1,3.5,1.4,0.2", b"-1.2345678e-05"])
+def test_what_is_charged_covers_what_decoding_holds(numbers):
+    body = b'{"x": [' + b",".join([numbers] * (2 * MiB // len(numbers))) + b"]}"
+    found = tensors.numeric_body(body)
+    tracemalloc.start()
+    try:
+        found.fill(lambda path: np.dtype("float32"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= found.decode_cost(4), (peak, found.decode_cost(4))
