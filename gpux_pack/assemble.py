@@ -22,9 +22,11 @@ import tarfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Iterator
 
 from gpux_pack import context as contexts
+from gpux_pack import staging
 from gpux_pack import layers as tars
 from gpux_pack.errors import DockerError
 from gpux_pack.plan import ImageConfig
@@ -242,12 +244,35 @@ def engine_uname(client: Any) -> bytes | None:
     except Exception:
         return None
     cached = cache_dir() / "engines" / f"{key}-2.json"  # -2: the probe has an owned folder too
-    if cached.is_file():
-        try:
-            uname = json.loads(cached.read_text()).get("uname")
-            return None if uname is None else uname.encode()
-        except (OSError, ValueError, AttributeError):
-            pass
+    found = _recorded(cached)
+    if found is not _UNKNOWN:
+        return found
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with staging.locked(cached):  # a second build waits for the first's probe, then reuses it
+            found = _recorded(cached)
+            if found is _UNKNOWN:
+                found = _probe(client, cached)
+            return found
+    except OSError:
+        return _probe(client, cached)
+
+
+_UNKNOWN = object()
+
+
+def _recorded(cached: Path) -> Any:
+    """The engine's recorded answer, or _UNKNOWN when there is none (or it cannot be read)."""
+    try:
+        uname = json.loads(cached.read_text()).get("uname")
+        return None if uname is None else uname.encode()
+    except (OSError, ValueError, AttributeError):
+        return _UNKNOWN
+
+
+def _probe(client: Any, cached: Path) -> bytes | None:
+    """Build the probe image and compare its layers with ours; the answer is recorded in cached
+    (written whole under a temporary name) unless the engine's build failed."""
     ctx = probe_context()
     image_id = None
     try:
@@ -283,8 +308,7 @@ def engine_uname(client: Any) -> bytes | None:
         except tars.Unsupported:
             break
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps({"uname": found, "checked": time.time()}))
+        staging.write_text(cached, json.dumps({"uname": found, "checked": time.time()}))
     except OSError:
         pass
     return None if found is None else found.encode()

@@ -47,8 +47,26 @@ ASSEMBLED = "gpux-pack (assembled, nothing ran): "  # how an assembled image's h
 
 
 def make_runtime(client: Any, runtime: Any, ui: Reporter, no_cache: bool = False,
-                 platform: str | None = None) -> BuiltImage:
-    """A provider's runtime base image (runtime: pipeline.PreparedRuntime)."""
+                 platform: str | None = None, reuse: bool = False) -> BuiltImage:
+    """A provider's runtime base image (runtime: pipeline.PreparedRuntime). Builds making the
+    same tag at once take turns (a lock per tag under the cache); with reuse (the tag is
+    content-addressed), the later one finds the image made and uses it."""
+    import hashlib
+
+    from gpux_pack import staging
+    from gpux_pack.engine import image_exists
+    from gpux_pack.wheels import cache_dir
+
+    name = hashlib.sha256(runtime.tag.encode()).hexdigest()[:24]
+    with staging.lock_file(cache_dir() / ".locks" / f"image-{name}.lock"):
+        if reuse and not no_cache and image_exists(client, runtime.tag):
+            ui.info(f"runtime base image {runtime.tag} was made by another build meanwhile: using it")
+            started = time.perf_counter()
+            return _built(client, runtime.tag, client.images.get(runtime.tag).id, started)
+        return _make_runtime(client, runtime, ui, no_cache, platform)
+
+
+def _make_runtime(client: Any, runtime: Any, ui: Reporter, no_cache: bool, platform: str | None) -> BuiltImage:
     title = f"building the runtime base image {runtime.tag} ({runtime.context.size_bytes / 1e6:.0f} MB context)"
     uname = assemble.engine_uname(client) if runtime.assemblable else None
     if uname is not None:

@@ -163,7 +163,8 @@ def _build_each(loaded, decision, per_platform, client, ui, no_cache=False, refr
                                             refresh=refresh)  # fmt: skip
                 plan = prepared.plan
                 if prepared.runtime is not None:  # once per provider, base and lock; then only models
-                    building.make_runtime(client, prepared.runtime, ui, no_cache=no_cache, platform=plan.platform)
+                    building.make_runtime(client, prepared.runtime, ui, no_cache=no_cache, platform=plan.platform,
+                                          reuse=True)  # fmt: skip
                 baked = plan.warmup == "baked"
                 built = building.make_model(client, prepared, ui, no_cache=no_cache, tag=not baked)
                 if baked:

@@ -20,10 +20,10 @@ import shutil
 import stat
 import struct
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from gpux_pack import staging
 from gpux_pack.errors import DockerError, PackError, UsageError
 from gpux_pack.runtime.linkcheck import MACHINES, TRIPLETS, ElfInfo, Tree, arch_of, system_dirs
 from gpux_pack.wheels import cache_dir, touch
@@ -59,21 +59,18 @@ def export(client: Any, image: str, log: Callable[[str], None] | None = None) ->
         return final
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale(final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.{os.getpid()}.", suffix=".tmp", dir=final.parent))
+        with staging.locked(final):  # a second build of the same base waits, then reuses the tree
+            if final.is_dir():
+                touch(final)
+                return final
+            staging.remove_leftovers(final)
+            if log is not None:
+                log(f"reading base image {image} (its libraries, once per image)")
+            with staging.staged(final) as tmp:
+                tmp.mkdir()
+                _export_to(client, image, tmp)
     except OSError as e:
         raise PackError(f"cannot write the base image's files under {final.parent}: {e.strerror or e}") from None
-    if log is not None:
-        log(f"reading base image {image} (its libraries, once per image)")
-    try:
-        _export_to(client, image, tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another build finished first: its tree is the same
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -108,18 +105,6 @@ def _short(e: BaseException) -> str:
     from gpux_pack.engine import _short as short
 
     return short(e)
-
-
-def _remove_stale(final: Path) -> None:
-    """Temporary trees of builds that were killed before they could clean up."""
-    for tmp in final.parent.glob(f".{final.name}.*.tmp"):
-        try:
-            pid = int(tmp.name[len(final.name) + 2 :].split(".")[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, OSError):
-            continue
 
 
 class _Chunks(io.RawIOBase):
