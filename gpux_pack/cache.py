@@ -3,17 +3,18 @@ otherwise only grow (a CUDA wheelhouse is 2 GB, each install hundreds of MB).
 
 An entry is what is reused as a whole: a wheel file, a lock, an install folder, a base image's
 exported files. Every use marks its entry (its access time); pruning removes the entries last
-used longer ago than the given age.
+used longer ago than the given age. Temporary entries (.NAME.PID-TOKEN.tmp) whose process is
+gone are leftovers: listed apart and always pruned; a live process's are never touched.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpux_pack import staging
 from gpux_pack.errors import UsageError
 from gpux_pack.wheels import cache_dir
 
@@ -35,14 +36,23 @@ class Kind:
     def entries(self) -> list[Path]:
         if not self.path.is_dir():
             return []
-        return sorted(p for p in self.path.iterdir() if not p.name.startswith("."))  # .tmp, the hash index
+        return sorted(p for p in self.path.iterdir() if not p.name.startswith("."))  # .tmp, locks, the hash index
+
+    def leftovers(self) -> list[Path]:
+        """Temporary entries of processes that are gone (killed mid-write): garbage at any age.
+        Those of a live process (a build in progress) are not listed."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.iterdir() if staging.leftover(p))
 
     def summary(self) -> dict:
         entries = self.entries()
         times = [used(p) for p in entries]
+        left = self.leftovers()
         return {"name": self.name, "what": KINDS[self.name], "path": str(self.path), "entries": len(entries),
                 "bytes": sum(size(p) for p in entries), "oldest": min(times, default=None),
-                "newest": max(times, default=None)}  # fmt: skip
+                "newest": max(times, default=None), "leftovers": len(left),
+                "leftover_bytes": sum(size(p) for p in left)}  # fmt: skip
 
 
 def root() -> Path:
@@ -74,17 +84,13 @@ def parse_age(text: str) -> float:
 
 
 def prune(older_than: float) -> list[tuple[Path, int]]:
-    """Remove entries last modified more than older_than seconds ago; (path, bytes) of each."""
+    """Remove entries last modified more than older_than seconds ago, and every leftover of a
+    killed process whatever its age; (path, bytes) of each."""
     cutoff = time.time() - older_than
     removed = []
     for kind in kinds():
-        for entry in kind.entries():
-            if used(entry) > cutoff:
-                continue
+        for entry in [*(e for e in kind.entries() if used(e) <= cutoff), *kind.leftovers()]:
             bytes_ = size(entry)
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+            staging.remove(entry)
             removed.append((entry, bytes_))
     return removed

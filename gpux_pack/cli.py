@@ -6,7 +6,9 @@ Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -493,7 +495,7 @@ app.add_typer(cache_app, name="cache")
 
 @cache_app.command("ls")
 def cache_ls(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """What each cache holds: entries, bytes, the oldest and newest use."""
+    """What each cache holds: entries, bytes, the oldest and newest use, and what killed builds left."""
     from gpux_pack import cache
 
     rows = [e.summary() for e in cache.kinds()]
@@ -502,7 +504,8 @@ def cache_ls(json_out: bool = typer.Option(False, "--json", help="Machine-readab
         return
     print(f"{cache.root()}")
     for r in rows:
-        print(f"  {r['name']:<8} {r['entries']:>6} entries  {r['bytes'] / 1e6:>10.1f} MB  {r['what']}")
+        left = f"  (+{r['leftovers']} left by killed builds, {r['leftover_bytes'] / 1e6:.1f} MB)" if r["leftovers"] else ""
+        print(f"  {r['name']:<8} {r['entries']:>6} entries  {r['bytes'] / 1e6:>10.1f} MB  {r['what']}{left}")
 
 
 @cache_app.command("prune")
@@ -510,7 +513,8 @@ def cache_prune(
     older_than: str = typer.Option("30d", "--older-than", help="Remove entries unused for this long: 30d, 12h, 0s (all)."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Remove cache entries not used for --older-than (by their last modification)."""
+    """Remove cache entries not used for --older-than (by their last modification), and whatever
+    killed builds left, at any age."""
     from gpux_pack import cache
 
     seconds = cache.parse_age(older_than)
@@ -726,11 +730,31 @@ def _printable(line: str) -> str:
     return line if line.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that cleanups (temporary cache entries,
+    containers) run as they do for Ctrl-C."""
+
+
+_STOPPED: list[int] = []  # the signal that stopped the command (typer turns the exception into exit 130)
+
+
+def _stop(signum: int, frame: Any) -> None:
+    _STOPPED.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and an exit code."""
     err = sys.stderr
+    _STOPPED.clear()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _stop)
     try:
         code = app(args=argv, standalone_mode=False, prog_name="gpux-pack")
+        if _STOPPED and code == 130:  # typer's answer to the interrupt: say which
+            raise KeyboardInterrupt
     except PackError as e:
         _print_error(e)
         sys.exit(e.exit_code)
@@ -744,6 +768,9 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
+        if _STOPPED and _STOPPED[0] == signal.SIGTERM:
+            print("terminated", file=err)
+            sys.exit(143)
         print("interrupted", file=err)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)  # click returns typer.Exit's code here

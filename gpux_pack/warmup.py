@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import shutil
 import tarfile
@@ -27,6 +26,7 @@ from typing import Any
 from gpux_pack import assemble
 from gpux_pack import context as contexts
 from gpux_pack import layers as tars
+from gpux_pack import staging
 from gpux_pack.engine import ROLE_LABEL, remove_container
 from gpux_pack.errors import BuildError, DockerError, PackError, UsageError
 from gpux_pack.plan import APP_DIR, BAKED_DIR, CACHE_DIR, created_now
@@ -244,12 +244,14 @@ def _export(folder: Path, export: Path, key: str) -> Path:
     try:
         export.mkdir(parents=True, exist_ok=True)
         final = export / key
-        staged = export / f".{key}.tmp-{os.getpid()}"
-        shutil.rmtree(staged, ignore_errors=True)
-        shutil.copytree(folder, staged)
-        if final.exists():
-            shutil.rmtree(final)
-        staged.rename(final)
+        staged = staging.temp_path(final)
+        try:
+            shutil.copytree(folder, staged)
+            if final.exists():
+                shutil.rmtree(final)
+            staged.rename(final)
+        finally:
+            staging.remove(staged)  # on every exit path, Ctrl-C included
         return final
     except OSError as e:
         raise UsageError(f"--export {export}: {e.strerror or e}") from None

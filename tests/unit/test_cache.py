@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 from tests.conftest import ROOT, run_cli
@@ -85,3 +88,47 @@ def test_the_ci_example_uses_commands_and_flags_that_exist():
             assert re.search(rf"{re.escape(flag)}\b", help_text), (cmd, flag)
     build = next(flags for cmd, flags in used if cmd == "build")
     assert {"--push", "--json"} <= set(build)
+
+
+def _dead_pid() -> int:
+    """The pid of a process that was SIGKILLed (and reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_killed_builds_are_listed_and_pruned_at_any_age_live_ones_kept(tmp_path):
+    env = {"GPUX_PACK_CACHE_DIR": str(tmp_path)}
+    installs = tmp_path / "installs"
+    dead = installs / f".abc.{_dead_pid()}-1a2b3c4d.tmp" / "site-packages"
+    dead.mkdir(parents=True)
+    (dead / "m.py").write_bytes(b"x" * 700)
+    lock = tmp_path / "locks" / f".def.txt.{_dead_pid()}-00ff00ff.tmp"
+    lock.parent.mkdir()
+    lock.write_text("y" * 30)
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        building = installs / f".abc.{live.pid}-5e6f7a8b.tmp"
+        building.mkdir()
+        (building / "n.py").write_bytes(b"z" * 300)
+        (installs / ".abc.lock").touch()
+        listed = json.loads(run_cli("cache", "ls", "--json", env=env).stdout)
+        by_name = {c["name"]: c for c in listed["caches"]}
+        assert (by_name["installs"]["leftovers"], by_name["installs"]["leftover_bytes"]) == (1, 700)
+        assert (by_name["locks"]["leftovers"], by_name["locks"]["leftover_bytes"]) == (1, 30)
+        assert by_name["installs"]["entries"] == 0 and by_name["wheels"]["leftovers"] == 0
+        text = run_cli("cache", "ls", env=env).stdout
+        assert "(+1 left by killed builds, 0.0 MB)" in text, text
+        proc = run_cli("cache", "prune", "--older-than", "30d", "--json", env=env)  # age protects no garbage
+        assert proc.returncode == 0, proc.stderr
+        removed = json.loads(proc.stdout)
+        assert sorted(r["path"] for r in removed["removed"]) == sorted([str(dead.parent), str(lock)])
+        assert removed["bytes"] == 730 and not dead.parent.exists() and not lock.exists()
+        assert (building / "n.py").is_file()  # a build in progress is never touched
+        assert (installs / ".abc.lock").exists()
+    finally:
+        live.kill()
+        live.wait()
+    proc = run_cli("cache", "prune", "--older-than", "30d", "--json", env=env)  # its owner is gone now
+    assert [r["path"] for r in json.loads(proc.stdout)["removed"]] == [str(building)]
