@@ -21,10 +21,10 @@ from gpux_pack.project import Project
 from gpux_pack.providers import BaseImage, Provider, base_for
 from gpux_pack.reference import parse_reference
 from gpux_pack.runtime import warm
-from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
+from gpux_pack.wheels import ARCHES, IMAGE_SITE, INSTALL_FORMAT, Lock, Target
 
 APP_DIR = "/opt/gpux"
-SITE = f"{APP_DIR}/site-packages"  # the packages installed on the host
+SITE = IMAGE_SITE  # the packages installed on the host
 CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by USER, so a volume mounted there is writable
 BAKED_DIR = warm.BAKED_DIR  # caches `gpux-pack warmup` bakes in, where the runtime looks for them
 PYTHON = "python3"  # the base image's own interpreter, found on PATH

@@ -435,7 +435,8 @@ TRIM_DIRS = ("bin", "onnxruntime/tools", "onnxruntime/transformers", "onnxruntim
 TRIM_NAMES = ("tests", "__pycache__")
 TRIM_FILES = (".lock",)  # uv's lock file of the --target folder
 UNLINKED = ("onnxruntime/capi/libonnxruntime.so.*",)  # the C API library: Python uses the pybind module
-INSTALL_FORMAT = "2"  # bump when the trimming or layout changes: a new cache key
+INSTALL_FORMAT = "3"  # bump when the trimming or layout changes: a new cache key (3: .pyc name the image's path)
+IMAGE_SITE = "/opt/gpux/site-packages"  # where the install lands in the image
 
 
 @dataclass(frozen=True)
@@ -545,6 +546,6 @@ def _compile(site: Path) -> None:
     import compileall
     import py_compile
 
-    ok = compileall.compile_dir(str(site), quiet=2, workers=0,
+    ok = compileall.compile_dir(str(site), quiet=2, workers=0, ddir=IMAGE_SITE,  # not the staging folder's name
                                 invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
     del ok  # False when a package ships templates named .py: those simply stay uncompiled

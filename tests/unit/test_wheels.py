@@ -66,3 +66,18 @@ def test_resolve_failure_is_one_clear_line(tmp_path, monkeypatch):
     with pytest.raises(wheels.WheelError, match="cannot resolve the image's wheels for cp311") as err:
         wheels.resolve(("onnxruntime==0.0.0.999",), Target("3.11", "x86_64", (2, 36)))
     assert "\n" not in str(err.value) and "onnxruntime" in str(err.value)
+
+
+def test_bytecode_is_the_same_whichever_folder_it_was_compiled_in(tmp_path):
+    """Installs are staged under a temporary name: the .pyc must name the image's path, not that
+    one, or two installs of one lock give two packages layers (render + docker build != build)."""
+    from gpux_pack import wheels
+
+    made = []
+    for name in (".key.123-abcd.tmp", ".key.456-ef01.tmp"):
+        site = tmp_path / name / "site-packages" / "pkg"
+        site.mkdir(parents=True)
+        (site / "__init__.py").write_text("def f():\n    raise ValueError('x')\n")
+        wheels._compile(site.parent)
+        made.append(next(site.rglob("*.pyc")).read_bytes())
+    assert made[0] == made[1] and wheels.IMAGE_SITE.encode() in made[0]
