@@ -113,7 +113,9 @@ def test_image_is_slim_non_root_and_read_only(mlp_image, docker_client):
     assert facts == {"uid": 10001, "present": [], "compilers": [], "pip_cache": False, "writable_root": False}
     base = docker_client.images.get(image.attrs["Config"]["Labels"]["org.opencontainers.image.base.name"])
     above = (image.attrs["Size"] - base.attrs["Size"]) / 1e6
-    assert above <= 100, f"the cpu image is {above:.1f} MB above its base"
+    # 96 MB on onnxruntime 1.31.1; 1.32.0 (the first to load IR 14) ships a 5.6 MB larger, stripped
+    # x86_64 module (36.0 MB against 30.4): the ceiling moves by that and no more
+    assert above <= 106, f"the cpu image is {above:.1f} MB above its base"
 
 
 HTTP_ERRORS = [
