@@ -409,20 +409,33 @@ class App:
 TRIM_AFTER = 1 << 20  # a request this large may leave freed memory in malloc's free lists
 
 
-def _trim() -> None:
-    """Give memory freed by large requests back to the system (glibc keeps it otherwise, and a
-    container's memory would only grow under a burst of large requests)."""
+def _libc() -> Any:
+    """glibc, or False (musl has no malloc_trim or mallopt)."""
     global _LIBC
     if _LIBC is None:
         import ctypes
 
         try:
             _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim  # noqa: B018 (musl has none)
+            _LIBC.malloc_trim, _LIBC.mallopt  # noqa: B018
         except (OSError, AttributeError):
             _LIBC = False
-    if _LIBC:
+    return _LIBC
+
+
+def _trim() -> None:
+    """Give memory freed by large requests back to the system (glibc keeps it otherwise, and a
+    container's memory would only grow under a burst of large requests)."""
+    if _libc():
         _LIBC.malloc_trim(0)
+
+
+def _large_blocks_mapped() -> None:
+    """Blocks of 128 KiB and more (bodies, decoding pieces, arrays) from mmap, unmapped when
+    freed: glibc otherwise raises this threshold after the first such free and serves later
+    ones from the heap, where a burst of large requests fragments it for good."""
+    if _libc():
+        _LIBC.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixing it also stops the raising)
 
 
 _LIBC: Any = None
@@ -505,6 +518,7 @@ def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] |
 
     settings = model.settings
     app = App(model, pack_version)
+    _large_blocks_mapped()
     try:
         from .protocol import protocol
 
