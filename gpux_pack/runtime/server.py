@@ -337,6 +337,7 @@ class App:
         npy = not v2 and content_type in (b"application/x-npy", b"application/npy")
         length = headers.get(BINARY_HEADER) if v2 else None
         numeric = holes = None
+        direct = False  # large number arrays read from the text (tensors.numeric_body)
         if npy:
             cost = len(body)  # np.load's copy
         elif length is not None:  # the JSON header as objects; the tensors are views of the body
@@ -345,7 +346,8 @@ class App:
         else:
             numeric = numeric_body(body)
             holes = hole_dtypes(numeric, model.inputs, model.overridable, v2) if numeric else None
-            if numeric is not None and holes is not None:
+            direct = numeric is not None and holes is not None  # else the body is parsed whole
+            if direct:
                 itemsize = max((d.itemsize for d in holes.values() if d is not None), default=8)
                 cost = numeric.decode_cost(itemsize)
             else:
@@ -358,8 +360,8 @@ class App:
             elif v2:
                 if not body.strip():
                     raise RequestError("empty body; expected a JSON infer request")
-                if numeric is not None and holes is not None:
-                    header, blobs, fast = numeric.fill(holes.get), memoryview(b""), False
+                if direct:
+                    header, blobs, fast = numeric.fill(holes.get), memoryview(b""), False  # type: ignore[union-attr]
                 else:
                     header, blobs = split_binary(body, length.decode("latin-1") if length is not None else None)
                     fast = length is None and plain_numbers(body, header, v2=True)
@@ -367,8 +369,8 @@ class App:
             else:
                 if not body.strip():
                     raise RequestError("empty body; expected JSON")
-                if numeric is not None and holes is not None:
-                    parsed, fast = numeric.fill(holes.get), False
+                if direct:
+                    parsed, fast = numeric.fill(holes.get), False  # type: ignore[union-attr]
                 else:
                     parsed = parse_json(body)
                     fast = plain_numbers(body, parsed, v2=False)
@@ -376,9 +378,8 @@ class App:
                 request = V2Request()
         finally:
             self._release(held)
-        outputs = _output_bytes(model.inputs, model.outputs, feeds, request.outputs)
-        text = 0 if v2 and (request.binary_default or request.binary) else _output_bytes(
-            model.inputs, model.outputs, feeds, request.outputs, ANSWER_TEXT)  # fmt: skip
+        outputs, elements = _output_size(model.inputs, model.outputs, feeds, request.outputs)
+        text = 0 if v2 and (request.binary_default or request.binary) else elements * ANSWER_TEXT
         needed = sum(a.nbytes for a in feeds.values()) + outputs + text
         if needed > budget:
             answer = " and their JSON text" if text else ""
@@ -454,11 +455,10 @@ ANSWER_TEXT = 20  # bytes a JSON answer holds per output element while orjson wr
                  # 11 in the final text, 18 at the peak of its buffer's growth, float32 outputs)
 
 
-def _output_bytes(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: dict[str, np.ndarray],
-                  names: list[str] | None, per_element: int | None = None) -> int:
-    """The outputs' size from their declared shapes, named dimensions bound by the inputs'
-    (an unknown dimension counts as 1); per_element: bytes each element costs instead of its
-    dtype's size (a JSON answer's text)."""
+def _output_size(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: dict[str, np.ndarray],
+                 names: list[str] | None) -> tuple[int, int]:
+    """(bytes, elements) of the outputs from their declared shapes, named dimensions bound by
+    the inputs' (an unknown dimension counts as 1)."""
     from .dtypes import DTYPES
 
     dims: dict[str, int] = {}
@@ -466,7 +466,7 @@ def _output_bytes(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: di
         arr = feeds.get(spec.name)
         if arr is not None and spec.shape and len(spec.shape) == arr.ndim:
             dims.update({d: n for d, n in zip(spec.shape, arr.shape) if isinstance(d, str)})
-    total = 0
+    total = elements = 0
     for spec in outputs:
         if names is not None and spec.name not in names or not spec.shape:
             continue
@@ -474,8 +474,9 @@ def _output_bytes(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: di
         for d in spec.shape:
             count *= d if isinstance(d, int) and d >= 0 else dims.get(d, 1) if isinstance(d, str) else 1
         itemsize = 8 if spec.dtype not in DTYPES or spec.dtype == "string" else np.dtype(DTYPES[spec.dtype][0]).itemsize
-        total += count * (per_element or itemsize)
-    return total
+        total += count * itemsize
+        elements += count
+    return total, elements
 
 
 def _decode_npy(body: bytes, inputs: list[TensorSpec], budget: int) -> dict[str, np.ndarray]:
