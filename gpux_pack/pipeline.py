@@ -199,8 +199,9 @@ def check_links(
     provider: providers.Provider, base: BaseImage, link_check: str, installed: wheels.Installed, ui: Reporter
 ) -> None:
     """The provider's libraries must resolve in base + installed packages, for the image's
-    architecture, or the build fails naming the missing one before anything is built or tagged
-    (instead of a silent CPU fallback in production)."""
+    architecture, and its TensorRT must be no older than the one it was built with, or the build
+    fails naming the problem before anything is built or tagged (instead of a silent CPU fallback
+    in production)."""
     if link_check != "host":
         return
     if not base.rootfs:
@@ -209,7 +210,7 @@ def check_links(
     problems = linkcheck.check_tree(
         provider.execution_providers[0], list(provider.libraries), list(provider.dlopen),
         list(provider.library_dirs), list(provider.driver_libs), Path(base.rootfs), {SITE: installed.path},
-        SITE, base.arch, list(base.ld_library_path), ui.info,
+        SITE, base.arch, list(base.ld_library_path), ui.info, provider.tensorrt,
     )  # fmt: skip
     if problems:
         hint = provider.link_hint or "use a base image that provides it"

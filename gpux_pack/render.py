@@ -124,6 +124,8 @@ def link_check_command(provider: Provider) -> str:
                          ("--dir", provider.library_dirs), ("--driver", provider.driver_libs)):
         for value in values:
             cmd += [flag, value]
+    if provider.tensorrt:
+        cmd += ["--tensorrt", provider.tensorrt]
     if provider.link_hint:
         cmd += ["--hint", provider.link_hint]
     return shlex.join(cmd)

@@ -6,7 +6,7 @@
 # and the link check read this base image's files there: nothing runs in this build.
 # Each COPY is one layer of files placed from / (packages/opt/gpux/... -> /opt/gpux/...):
 # base -> installed packages -> runtime -> model -> gpux.json.
-FROM nvcr.io/nvidia/tensorrt:25.10-py3
+FROM nvcr.io/nvidia/tensorrt:25.11-py3
 ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -32,7 +32,7 @@ LABEL org.opencontainers.image.title="iris-mlp" \
       org.opencontainers.image.version="1.0.0" \
       org.opencontainers.image.created="2026-01-01T00:00:00Z" \
       org.opencontainers.image.description="Three-class MLP over four float features (dynamic batch)" \
-      org.opencontainers.image.base.name="nvcr.io/nvidia/tensorrt:25.10-py3" \
+      org.opencontainers.image.base.name="nvcr.io/nvidia/tensorrt:25.11-py3" \
       io.gpux.model.name="iris-mlp" \
       io.gpux.model.version="1.0.0" \
       io.gpux.model.sha256="662708a4a220efd05fd7509166b62a2fc9974960cdfaa5912876ffb76a3f9bfb" \
