@@ -276,6 +276,7 @@ def plan_cmd(
     ui = Reporter(quiet=True)
     client = engine.try_connect()
     decision = pipeline.choose_providers(loaded, cli_providers, client, ui)
+    host = engine.host_info(client) if client is not None else None
     out = []
     for name in decision.providers:
         plan = pipeline.plan_for(loaded, name, decision.reason, options, client, ui, pull=False)
@@ -285,6 +286,7 @@ def plan_cmd(
         pins = [{"name": p.name, "version": p.version, "size_bytes": known[p.name][0], "cached": known[p.name][1]}
                 for p in lock.pins]  # fmt: skip
         present = client is not None and engine.image_exists(client, plan.runtime_base)
+        note = host.plugin_refusal(plan.provider, loaded.project.config.pack.openvino.device) if host else ""
         out.append({
             "provider": plan.provider.name, "reason": plan.reason, "tag": plan.tag,
             "base_image": {"image": plan.base.image, "python": plan.base.python, "platform": plan.platform,
@@ -297,6 +299,7 @@ def plan_cmd(
             "download_bytes": sum(p["size_bytes"] or 0 for p in pins if not p["cached"]),
             "download_unknown": [p["name"] for p in pins if not p["cached"] and p["size_bytes"] is None],
             "cached_bytes": sum(p["size_bytes"] or 0 for p in pins if p["cached"]),
+            "notes": [f"{note}; an image started on this host serves on the CPU provider"] if note else [],
         })  # fmt: skip
     if json_out:
         print(json.dumps({"plans": out}, indent=2))
@@ -308,6 +311,8 @@ def plan_cmd(
         print(f"  tag           {escape(r['tag'])}")
         print(f"  base image    {escape(base['image'])} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
         print(f"  warmup        {r['warmup']}   link check: {r['link_check']}")
+        for note in r["notes"]:
+            print(f"  note          {escape(note)}")
         state = "present: only the model is built" if r["runtime_base"]["present"] else "built on the first build"
         print(f"  runtime base  {escape(r['runtime_base']['tag'])} ({state})")
         unknown = f", {len(r['download_unknown'])} of unknown size" if r["download_unknown"] else ""
@@ -569,7 +574,8 @@ def providers_cmd(json_out: bool = typer.Option(False, "--json", help="Machine-r
     for p in providers.PROVIDERS.values():
         ok, why = (None, "Docker engine not reachable") if host is None else host.can_run(p)
         rows.append({
-            "name": p.name, "title": p.title, "package": p.package, "base_image": p.base_image,
+            "name": p.name, "title": p.title, "base_image": p.base_image,
+            "package": p.package + (f" + {p.extra_requirements[0]}" if p.plugin else ""),  # the plugin EP's
             "vendor_base_image": p.bases["vendor"].image if "vendor" in p.bases else None,
             "python": p.bases["default"].python, "execution_providers": list(p.execution_providers),
             "platforms": list(p.platforms), "docker_run": p.run_flags, "cuda12": _cuda12(p.name),

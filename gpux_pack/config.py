@@ -322,6 +322,13 @@ class TensorRTSection(_Section):
                                                 "so a later start skips TensorRT's builder")
 
 
+class OpenVINOSection(_Section):
+    device: Literal["CPU", "GPU", "NPU"] = Field("CPU", description="The OpenVINO device the plugin compiles for")
+    precision: Literal["f32", "f16", "bf16", "auto"] = Field(
+        "f32", description="INFERENCE_PRECISION_HINT; auto: the device's default (bf16 on CPUs with AMX, "
+                           "which changes answers against the CPU provider)")
+
+
 def _one_or_many(value: Any) -> Any:
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
@@ -356,6 +363,7 @@ class PackSection(_Section):
     requirements: list[str] = []
     warmup: Literal["auto", "always", "never"] = "auto"
     tensorrt: TensorRTSection = TensorRTSection()
+    openvino: OpenVINOSection = OpenVINOSection()
     accuracy: AccuracySection | None = None
     labels: dict[LabelKey, Text] = {}
     cuda: Annotated[Literal["12", "13"], BeforeValidator(_to_str)] = Field(

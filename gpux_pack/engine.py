@@ -4,12 +4,14 @@ image labels. Every engine failure becomes one DockerError line with a hint."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import HostInfo
 from gpux_pack.reference import parse_reference
+from gpux_pack.runtime.warm import cpu_vendor
 
 # Every container the CLI creates carries this label, so a test (or a user) can check that
 # none is ever left behind: `docker ps -a --filter label=io.gpux.pack.role`.
@@ -57,7 +59,8 @@ def host_info(client: Any, dev: Path = Path("/dev"), sys_drm: Path = Path("/sys/
     except Exception as e:
         raise DockerError(f"docker info failed: {_short(e)}") from None
     local = _is_local(client)
-    return host_from(info, dev if local else None, sys_drm if local else None)
+    host = host_from(info, dev if local else None, sys_drm if local else None)
+    return replace(host, cpu=cpu_vendor()) if local else host
 
 
 def host_from(info: dict[str, Any], dev: Path | None, sys_drm: Path | None) -> HostInfo:

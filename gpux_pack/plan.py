@@ -411,6 +411,10 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
         "outputs": [t.to_json() for t in plan.signature.outputs],
         "provider": plan.provider.name,
         "execution_providers": execution_providers,
+        # a plugin EP: the module whose library the runtime registers, and the device it asks for
+        "plugin": {"ep": plan.provider.execution_providers[0], "module": plan.provider.plugin,
+                   "device": cfg.pack.openvino.device} if plan.provider.plugin else None,
+        "ep_context": plan.provider.ep_context,  # compile into an EP context model (runtime/warm.py)
         # to explain a fallback: the provider's libraries, and what `docker run` needs for its device
         "libraries": {
             "libs": list(plan.provider.libraries),

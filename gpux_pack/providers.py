@@ -8,11 +8,13 @@ change. Facts are from the wheels' METADATA and `readelf -d` of their provider l
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpux_pack.errors import UsageError
 from gpux_pack.runtime.dtypes import SHORT_NAMES
+from gpux_pack.runtime.warm import no_device
 
 # What the image's runtime imports besides onnxruntime (kept tiny: the runtime is slim).
 # The image's runtime: uvicorn with httptools (its C HTTP parser; uvloop is left out: 14 MB
@@ -70,8 +72,12 @@ class Provider:
     device: str | None = None  # nvidia | amd | intel
     run_flags: str = ""  # what `docker run` needs for the device
     cuda: str | None = None  # CUDA major version of this flavour
+    # The TensorRT its TensorRT provider library was built with: the link check fails on an older
+    # libnvinfer. Measured: the version the library passes to createInferBuilder_INTERNAL (objdump -d).
+    tensorrt: str = ""
     link_hint: str = ""  # what to do when the link check fails
-    cache_caveat: str = ""  # why a baked or volume cache saves no start time, when it does not
+    plugin: str = ""  # Python module of a plugin EP library (get_library_path()), chosen by device
+    ep_context: bool = False  # compiled with ONNX Runtime's compile API into an EP context model
     env: tuple[tuple[str, str], ...] = ()  # the image's environment for this provider
     template: str = ""
     # Newest model IR version and ai.onnx / ai.onnx.ml opsets this onnxruntime release loads (it
@@ -114,6 +120,7 @@ _TRT_OPTIONS = {
     "trt_timing_cache_path": f"{CACHE}/tensorrt",
 }
 _UBUNTU_2404 = (2, 39)
+_TRT_BASE, _TRT_BASE_CUDA12 = "nvcr.io/nvidia/tensorrt:25.11-py3", "nvcr.io/nvidia/tensorrt:25.03-py3"
 
 PROVIDERS: dict[str, Provider] = {
     p.name: p
@@ -169,8 +176,13 @@ PROVIDERS: dict[str, Provider] = {
             platforms=("linux/amd64",),
             execution_providers=("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
             options={"TensorrtExecutionProvider": _TRT_OPTIONS, "CUDAExecutionProvider": _CUDA_OPTIONS},
-            # TensorRT 10.13 + CUDA 13.0 + cuDNN 9 + Python 3.12, as the ORT 1.31 TRT EP links them
-            bases={"default": BaseImage("nvcr.io/nvidia/tensorrt:25.10-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
+            # 0x18c19 = NV_TENSORRT_VERSION 101401 in libonnxruntime_providers_tensorrt.so of 1.31.1
+            tensorrt="10.14.1",
+            # 25.11: TensorRT 10.14.1, CUDA 13.0, cuDNN 9, Python 3.12, Ubuntu 24.04, the first release
+            # with the TensorRT that ORT 1.31.1 was built with (25.10 has TensorRT 10.13; 25.12 and
+            # later move to CUDA 13.1). Projects that pull 25.11 (and 25.12) report TensorRT 10.14.1;
+            # NVIDIA's release notes page for 25.11 was not reachable from here.
+            bases={"default": BaseImage(_TRT_BASE, "3.12", _UBUNTU_2404, nvidia_libs="base")},
             libraries=("libonnxruntime_providers_tensorrt.so", "libonnxruntime_providers_cuda.so"),
             dlopen=("libcudnn.so.9", "libnvinfer_plugin.so.10"),
             library_dirs=NVIDIA_WHEEL_LIBS,
@@ -179,7 +191,7 @@ PROVIDERS: dict[str, Provider] = {
             run_flags="--gpus all",
             env=NVIDIA_ENV,
             cuda="13",
-            link_hint="use NVIDIA's TensorRT container (nvcr.io/nvidia/tensorrt) as the base image",
+            link_hint=f"use NVIDIA's TensorRT container {_TRT_BASE} or newer as the base image",
         ),
         Provider(
             name="rocm",
@@ -221,20 +233,24 @@ PROVIDERS: dict[str, Provider] = {
         ),
         Provider(
             name="openvino",
-            title="Intel OpenVINO 2025.4",
-            ort="onnxruntime-openvino",
-            version="1.24.1",  # the newest onnxruntime-openvino: no IR 14
-            onnx_ir=13, onnx_opset=25, onnx_ml_opset=5,
-            python=("3.11", "3.13"),
+            title="Intel OpenVINO 2026.4 (plugin EP)",
+            # Intel's plugin execution provider (ONNX Runtime's EP ABI) on the plain onnxruntime
+            # wheel: it ships OpenVINO's IR reader, so compiled models import again (the old
+            # onnxruntime-openvino 1.24.1 could not read the blobs it wrote, and loads no IR 14).
+            ort="onnxruntime",
+            version="1.32.0",
+            onnx_ir=14, onnx_opset=28, onnx_ml_opset=5,  # what onnxruntime loads; unsupported nodes run on CPU
+            extra_requirements=("onnxruntime-ep-openvino==1.8.1",),
+            plugin="onnxruntime_ep_openvino",
+            ep_context=True,
+            python=("3.11", "3.14"),
             min_glibc=(2, 28),
             platforms=("linux/amd64",),
             execution_providers=("OpenVINOExecutionProvider", "CPUExecutionProvider"),
-            options={"OpenVINOExecutionProvider": {"device_type": "CPU", "cache_dir": f"{CACHE}/openvino"}},
             bases={"default": BaseImage("python:3.11-slim", "3.11", (2, 36))},
-            libraries=("libonnxruntime_providers_openvino.so", "libopenvino_intel_cpu_plugin.so"),
+            libraries=("onnxruntime_ep_openvino/libonnxruntime_providers_openvino_plugin.so",
+                       "onnxruntime_ep_openvino/libopenvino_intel_cpu_plugin.so"),
             run_flags="(Intel GPU: --device /dev/dri)",
-            cache_caveat="onnxruntime-openvino's OpenVINO has no IR reader (libopenvino_ir_frontend.so), so it "
-            "cannot import the blobs it writes: the cache is kept and verified, but each start compiles again",
         ),
     )
 }
@@ -255,11 +271,14 @@ CUDA12: dict[str, dict[str, Any]] = {
     },
     "tensorrt": {
         # ORT 1.22 is documented with TensorRT 10.9 and CUDA 12.0-12.8: the 25.03 container
+        # (TensorRT 10.9.0, CUDA 12.8.1, Python 3.12, Ubuntu 24.04)
         "title": "NVIDIA TensorRT 10 (CUDA 12)",
         "version": "1.22.0",
         "onnx_ir": 10, "onnx_opset": 22, "onnx_ml_opset": 5,
         "cuda": "12",
-        "bases": {"default": BaseImage("nvcr.io/nvidia/tensorrt:25.03-py3", "3.12", _UBUNTU_2404, nvidia_libs="base")},
+        "tensorrt": "10.9.0",  # its provider library passes 0x18a24 = NV_TENSORRT_VERSION 100900
+        "bases": {"default": BaseImage(_TRT_BASE_CUDA12, "3.12", _UBUNTU_2404, nvidia_libs="base")},
+        "link_hint": f"use NVIDIA's TensorRT container {_TRT_BASE_CUDA12} or newer (CUDA 12) as the base image",
     },
 }
 
@@ -307,8 +326,12 @@ class HostInfo:
     amd: bool = False  # /dev/kfd
     intel_gpu: bool = False  # /dev/dri with an Intel card
     details: str = ""
+    cpu: tuple[str, str] = ("", "")  # (vendor id, model) of a local engine's CPU; unknown: ("", "")
 
     def can_run(self, provider: Provider) -> tuple[bool, str]:
+        refusal = self.plugin_refusal(provider)
+        if refusal:
+            return False, refusal
         if provider.device is None:
             return True, "needs no accelerator"
         has = {"nvidia": self.nvidia, "amd": self.amd, "intel": self.intel_gpu}[provider.device]
@@ -318,6 +341,15 @@ class HostInfo:
             "intel": "an Intel GPU (/dev/dri)",
         }[provider.device]
         return (True, f"has {need}") if has else (False, f"needs {need}")
+
+
+    def plugin_refusal(self, provider: Provider, device: str = "CPU") -> str:
+        """The runtime's own line when the provider's plugin would offer no device here (it
+        would serve on the CPU provider instead); "" when it would, or when the CPU is unknown."""
+        vendor, model = self.cpu
+        if not provider.plugin or not vendor or vendor == "GenuineIntel" or device != "CPU":
+            return ""
+        return no_device(provider.execution_providers[0], device, [], vendor, model)
 
 
 @dataclass(frozen=True)
@@ -406,8 +438,12 @@ def session_providers(provider: Provider, config, profiles: dict[str, dict[str, 
                 )
             if trt.ep_context:  # a later start loads the engine from this model, skipping the builder
                 opts["trt_dump_ep_context_model"] = "true"
-                opts["trt_ep_context_file_path"] = f"{CACHE}/tensorrt/model_ctx.onnx"
+                opts["trt_ep_context_file_path"] = f"{CACHE}/model_ctx.onnx"  # warm.CONTEXT_MODEL
                 opts["trt_ep_context_embed_mode"] = "1"
+        if ep == "OpenVINOExecutionProvider":  # the plugin reads its settings from load_config only
+            ov = config.pack.openvino
+            settings = {} if ov.precision == "auto" else {"INFERENCE_PRECISION_HINT": ov.precision}
+            opts["load_config"] = json.dumps({ov.device: settings}, sort_keys=True)
         if "device_id" in opts:
             opts["device_id"] = str(config.pack.device_id)
         short = next((k for k, v in SHORT_NAMES.items() if v == ep), ep)

@@ -111,9 +111,6 @@ def warm_image(client: Any, ref: str, ui: Reporter, *, tag: str | None = None, d
                     "unchanged")  # fmt: skip
         elif folder is None:
             ui.info(f"warmup: {ref} is already warm for this device (a {state.get('cache')} cache); nothing to add")
-        caveat = _caveat(labels.get("io.gpux.provider", ""))
-        if folder is not None and caveat:
-            ui.warn(f"warmup: {caveat}")
         if export is not None:
             out = _export(folder, export, key) if folder else None
             return Warmed(key, short, record, state, time.perf_counter() - started, exported=out)
@@ -125,13 +122,6 @@ def warm_image(client: Any, ref: str, ui: Reporter, *, tag: str | None = None, d
             return Warmed(key, short, record, state, time.perf_counter() - started, tag=tag, id=image.id)
         image_id, assembled = _derive(client, image, folder, key, record, tag, ui)
     return Warmed(key, short, record, state, time.perf_counter() - started, tag=tag, id=image_id, assembled=assembled)
-
-
-def _caveat(provider: str) -> str:
-    from gpux_pack import providers
-
-    row = providers.PROVIDERS.get(provider)  # an image of another gpux-pack may name one we lack
-    return row.cache_caveat if row else ""
 
 
 def default_tag(ref: str, image: Any) -> str:

@@ -158,3 +158,39 @@ def copy_example(name: str, dest: Path) -> Path:
     target = dest / name
     shutil.copytree(EXAMPLES / name, target)
     return target
+
+
+QEMU = Path("/usr/bin/qemu-x86_64-static")  # Debian's qemu-user-static (scripts/dev installs it)
+INTEL_CPU_MODEL = "Haswell-noTSX"
+
+
+def intel_cpu() -> bool:
+    from gpux_pack.runtime.warm import cpu_vendor
+
+    return cpu_vendor()[0] == "GenuineIntel"
+
+
+def on_intel_cpu(client, tag: str, derived: str) -> str:
+    """The image as an Intel CPU runs it: the image itself on an Intel host; elsewhere a test-only
+    image whose entrypoint runs under qemu-x86_64 with an Intel CPU model, because OpenVINO's plugin
+    offers no device on other vendors' CPUs. The product never needs this."""
+    if intel_cpu():
+        return tag
+    if not QEMU.is_file():
+        pytest.fail(f"{QEMU} is missing: OpenVINO's tests need it on a non-Intel host (run `bash scripts/dev test`)")
+    import tempfile
+
+    config = client.images.get(tag).attrs["Config"]
+    program, *args = config.get("Entrypoint") or []
+    if "/" not in program:  # qemu opens a path; it does not search PATH
+        found = client.containers.run(tag, entrypoint=["/bin/sh", "-c", 'command -v "$0"', program], remove=True)
+        program = found.decode().strip()
+    entrypoint = [f"/usr/local/bin/{QEMU.name}", "-cpu", INTEL_CPU_MODEL, program, *args]
+    with tempfile.TemporaryDirectory() as context:
+        shutil.copy(QEMU, Path(context) / QEMU.name)
+        os.chmod(Path(context) / QEMU.name, 0o755)
+        (Path(context) / "Dockerfile").write_text(
+            f"FROM {tag}\nCOPY {QEMU.name} /usr/local/bin/{QEMU.name}\n"
+            f"ENTRYPOINT {json.dumps(entrypoint)}\nCMD {json.dumps(config.get('Cmd') or [])}\n")
+        client.images.build(path=context, tag=derived, rm=True, forcerm=True)
+    return derived

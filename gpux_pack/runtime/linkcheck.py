@@ -304,32 +304,35 @@ class Resolver:
 def check(
     libs: list[str], dlopen: list[str], dirs: list[str], skip: list[str], provider: str, quiet: bool = False,
     root: Path | None = None, overlays: dict[str, Path] | None = None, site: str | None = None,
-    arch: str | None = None, ld_library_path: list[str] | None = None,
+    arch: str | None = None, ld_library_path: list[str] | None = None, tensorrt: str = "",
 ) -> list[str]:
     """Problems found, as lines naming each missing library and who needs it. root None: in
-    this system, with the onnxruntime this Python imports; else see check_tree."""
+    this system, with the onnxruntime this Python imports; else see check_tree. tensorrt: the
+    TensorRT version the provider library was built for; an older libnvinfer is a problem too."""
     log = None if quiet else print
     if root is not None:
         if site is None or arch is None:
             raise ValueError("a root needs the image's site-packages path and architecture")
         return check_tree(provider, libs, dlopen, dirs, skip, root, overlays or {}, site, arch,
-                          ld_library_path or [], log)  # fmt: skip
+                          ld_library_path or [], log, tensorrt)  # fmt: skip
     import onnxruntime  # the package must import before anything else matters
 
     here = str(Path(onnxruntime.__file__).parent.parent)
-    return _check(Tree(), here, onnxruntime.__version__, libs, dlopen, dirs, skip, provider, None, None, log)
+    return _check(Tree(), here, onnxruntime.__version__, libs, dlopen, dirs, skip, provider, None, None, log,
+                  tensorrt)
 
 
 def check_tree(
     provider: str, libs: list[str], dlopen: list[str], dirs: list[str], driver: list[str], root: Path,
     overlays: dict[str, Path], site: str, arch: str, ld_library_path: list[str] = (),  # type: ignore[assignment]
-    log: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None, tensorrt: str = "",
 ) -> list[str]:
     """The link check on the build host: the image is `root` (its base's exported root
     filesystem) with `overlays` (image path -> host folder) on top; `site` is the image path of
     the site-packages holding onnxruntime (dirs are globs relative to it); arch the image's
     (x86_64 | aarch64): every library must be built for it. ld_library_path: the image's
-    LD_LIBRARY_PATH. Nothing runs in the image. Empty: every library resolves."""
+    LD_LIBRARY_PATH. tensorrt: see check. Nothing runs in the image. Empty: every library
+    resolves."""
     if arch not in MACHINES:
         raise ValueError(f"unknown architecture {arch!r}: x86_64 or aarch64")
     tree = Tree(root, overlays)
@@ -338,22 +341,24 @@ def check_tree(
         return [f"onnxruntime is not installed in {site}"]
     version = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", init, re.M)
     return _check(tree, site, version.group(1) if version else "(unknown version)", libs, dlopen, dirs,
-                  driver, provider, arch, list(ld_library_path), log)  # fmt: skip
+                  driver, provider, arch, list(ld_library_path), log, tensorrt)  # fmt: skip
 
 
 def _check(
     tree: Tree, site: str, version: str, libs: list[str], dlopen: list[str], dirs: list[str], skip: list[str],
     provider: str, arch: str | None, env: list[str] | None, log: Callable[[str], None] | None,
+    tensorrt: str = "",
 ) -> list[str]:
     capi = f"{site}/onnxruntime/capi"
     extra = sorted({d for pattern in dirs for d in tree.glob(f"{site}/{pattern}") if tree.is_dir(d)})
     resolver = Resolver([capi, *extra], set(skip), tree, env, arch)
     problems = []
     holder = None
-    for lib in libs:
-        path = Path(capi) / lib
+    for lib in libs:  # a name: in onnxruntime/capi; a relative path: in site-packages (plugin EPs)
+        path = Path(site) / lib if "/" in lib else Path(capi) / lib
         if tree.file(str(path)) is None:
-            problems.append(f"{lib} is not in onnxruntime {version}: this build has no {provider}")
+            where = f"onnxruntime {version}" if "/" not in lib else "the image's site-packages"
+            problems.append(f"{lib} is not in {where}: this build has no {provider}")
             continue
         try:
             info = resolver.elf(path)
@@ -373,10 +378,43 @@ def _check(
         if name not in reported:
             reported.add(name)
             problems.append(f"{name} (needed by {by}) is not in the image")
+    trt = ""
+    if tensorrt:  # the libnvinfer the provider library resolved, against the one it was built for
+        found = resolver.seen.get(f"libnvinfer.so.{tensorrt.split('.')[0]}")
+        real = tree.realpath(str(found)) if found is not None else None
+        have = tensorrt_version(tree, real, site) if real is not None else None
+        if have is not None and _numbers(have) < _numbers(tensorrt):
+            problems.append(f"TensorRT {have} in the image ({real}) is older than {tensorrt}, which onnxruntime "
+                            f"{version}'s TensorRT provider was built for")
+        elif real is not None:
+            trt = f"; TensorRT {have} (built for {tensorrt})" if have else f"; TensorRT of {real} unknown: not compared"
     if not problems and log is not None:
         skipped = f"; left to the host's driver: {', '.join(sorted(resolver.skipped))}" if resolver.skipped else ""
-        log(f"link check: {provider}: {len(resolver.seen)} libraries resolve{skipped}")
+        log(f"link check: {provider}: {len(resolver.seen)} libraries resolve{skipped}{trt}")
     return problems
+
+
+def tensorrt_version(tree: Tree, real: str, site: str) -> str | None:
+    """The TensorRT version of the libnvinfer at an image path, symlinks followed. Its file name
+    carries it: NVIDIA's .deb and tar packages install libnvinfer.so.10.13.3 with the soname
+    linked to it, and the file name is the packaged version (the library's own, getInferLibVersion,
+    is code: reading it would mean running it). A wheel has no symlinks: tensorrt_libs'
+    libnvinfer.so.10 is the file itself, so there the version is its distribution's
+    (tensorrt_cu13_libs-10.14.1.48.dist-info). None: neither says."""
+    m = re.fullmatch(r"lib\w+\.so\.(\d+\.\d+\.\d+)(?:\.\d+)*", os.path.basename(real))
+    if m:
+        return m.group(1)
+    if os.path.dirname(real) == f"{site.rstrip('/')}/tensorrt_libs":
+        for info in tree.glob(f"{site}/tensorrt_cu*_libs-*.dist-info"):
+            m = re.fullmatch(r"tensorrt_cu\d+_libs-(\d+\.\d+\.\d+)\S*\.dist-info", os.path.basename(info))
+            if m:
+                return m.group(1)
+    return None
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    """'10.13.3' -> (10, 13, 3): compared as numbers (10.9 is older than 10.14)."""
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:3])
 
 
 def failure(provider: str, problems: list[str], hint: str) -> str:
@@ -393,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", action="append", default=[], help="site-packages glob of preloaded libraries")
     parser.add_argument("--driver", action="append", default=[], help="soname the host's driver provides")
     parser.add_argument("--hint", default="use a base image that provides it", help="what to do about a failure")
+    parser.add_argument("--tensorrt", default="", metavar="VERSION",
+                        help="the TensorRT version the provider library was built for: an older libnvinfer fails")
     parser.add_argument("--root", type=Path, help="check an image's root filesystem exported here instead")
     parser.add_argument("--overlay", action="append", default=[], metavar="IMAGE_PATH=HOST_DIR",
                         help="with --root: a host folder standing in for an image path")  # fmt: skip
@@ -410,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         overlays[image_path] = Path(host_dir)
     problems = check(args.lib, args.dlopen, args.dir, args.driver, args.provider, root=args.root,
                      overlays=overlays, site=args.site, arch=args.arch,
-                     ld_library_path=[d for d in args.ld_library_path.split(":") if d])  # fmt: skip
+                     ld_library_path=[d for d in args.ld_library_path.split(":") if d],
+                     tensorrt=args.tensorrt)  # fmt: skip
     if problems:
         for line in problems:
             print(f"link check: {line}", file=sys.stderr)

@@ -61,59 +61,59 @@ class Model:
         import onnxruntime as ort
 
         spec = settings.spec
-        path = settings.root / spec["model"]["path"]
+        original = settings.root / spec["model"]["path"]
         requested = [name for name, _ in settings.providers]
         _prepare_libraries(requested)
-        available = set(ort.get_available_providers())
+        plugin = Plugin.find(spec.get("plugin"), requested[0], settings.threads)
+        available = set(ort.get_available_providers()) | ({plugin.ep} if plugin.devices else set())
         usable = [(n, o) for n, o in settings.providers if n in available]
         primary_options = dict(usable[0][1]) if usable else {}
+        compiles = bool(spec.get("ep_context")) and plugin.devices != []
         cache = warm.choose(
             warm.key_parts(spec, usable[0][0] if usable else "CPUExecutionProvider", primary_options,
                            _shapes(spec), ort.__version__),
-            settings.cache_dir, settings.baked_dir, caches=warm.uses_cache(primary_options),
+            settings.cache_dir, settings.baked_dir, caches=compiles or warm.uses_cache(primary_options),
         )  # fmt: skip
         for line in cache.warnings:
             log.warning("%s", line)
-        raw = usable
-        usable = [(n, warm.expand(o, cache.folder)) for n, o in raw]
-        context_model = cache.folder / "tensorrt" / "model_ctx.onnx" if cache.folder else None
-        if context_model is not None and cache.source != "compiled" and context_model.is_file():
-            path = context_model  # a TensorRT EP context model: the engine loads without the builder
-            usable = [(n, {k: v for k, v in o.items() if k != "trt_dump_ep_context_model"}) for n, o in usable]
-        opts = _session_options(settings, settings.threads)
         user_profiling = bool(spec.get("runtime", {}).get("enable_profiling"))
-        if user_profiling or warm_up:
-            opts.enable_profiling = True
-            opts.profile_file_prefix = str(Path("/tmp") / ("gpux-profile" if user_profiling else "gpux-warmup-profile"))
+
+        def options() -> Any:  # a fresh one per session: a plugin's devices are added to it
+            opts = _session_options(settings, settings.threads)
+            if user_profiling or warm_up:
+                opts.enable_profiling = True
+                opts.profile_file_prefix = str(Path("/tmp") / ("gpux-profile" if user_profiling else "gpux-warmup-profile"))
+            return opts
+
+        def compile_options() -> Any:
+            return _session_options(settings, settings.threads)
+
         if settings.log_level != "debug":
             ort.set_default_logger_severity(4)  # a failing provider is explained below, in one line
         started = time.perf_counter()
         try:
             try:
-                session = ort.InferenceSession(
-                    str(path), opts, providers=[n for n, _ in usable], provider_options=[o for _, o in usable]
-                )
+                path, chosen = _compiled(cache, original, usable, plugin, compiles, compile_options())
+                session = plugin.session(path, options(), chosen)
             except Exception as e:  # a provider that cannot use a verified cache (e.g. writes into it): compile anew
                 if cache.source not in ("baked", "volume"):
                     raise
                 log.warning("%s cannot use the %s cache %s (%s); compiling into a fresh folder", usable[0][0],
                             cache.source, cache.folder, _last_line(e))  # fmt: skip
                 cache = replace(warm.fresh(cache.parts, settings.cache_dir), refused=cache.source)
-                path = settings.root / spec["model"]["path"]
-                usable = [(n, warm.expand(o, cache.folder)) for n, o in raw]
-                session = ort.InferenceSession(
-                    str(path), opts, providers=[n for n, _ in usable], provider_options=[o for _, o in usable]
-                )
+                path, chosen = _compiled(cache, original, usable, plugin, compiles, compile_options())
+                session = plugin.session(path, options(), chosen)
         except Exception as e:  # an accelerator that cannot start: CPU, unless required
             if settings.require_provider or requested == ["CPUExecutionProvider"]:
                 raise StartupError(f"cannot start {requested[0]}: {str(e).splitlines()[0]}") from None
             log.warning("cannot start %s (%s); serving on CPU", requested[0], str(e).splitlines()[0])
-            session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            path = original
+            session = ort.InferenceSession(str(path), options(), providers=["CPUExecutionProvider"])
         load_seconds = time.perf_counter() - started
         active = list(session.get_providers())
         primary = requested[0]
         if primary not in active:
-            reason = "not in this onnxruntime build" if primary not in available else _diagnose(spec)
+            reason = plugin.refusal or ("not in this onnxruntime build" if primary not in available else _diagnose(spec))
             message = f"{primary} is not active ({reason}); active providers: {', '.join(active)}"
             if settings.require_provider:
                 raise StartupError(f"GPUX_REQUIRE_PROVIDER=1: {message}")
@@ -323,6 +323,102 @@ class Model:
             "metadata": spec.get("metadata", {}),
             "gpux_pack": spec.get("pack_version"),
         }
+
+
+@dataclass
+class Plugin:
+    """A plugin execution provider (ONNX Runtime's EP ABI, e.g. Intel's OpenVINO one): its library
+    registered and the devices it offers of the kind asked for. Naming such a provider in
+    `providers=[...]` silently gives the CPU provider only: it is added by device instead.
+    devices None: no plugin in play; []: it offers none here, and refusal says why in one line."""
+
+    ep: str = ""
+    device: str = ""
+    devices: list[Any] | None = None
+    refusal: str = ""
+    threads: int = 0
+
+    @classmethod
+    def find(cls, plugin: dict[str, Any] | None, primary: str, threads: int) -> "Plugin":
+        if not plugin or plugin.get("ep") != primary:
+            return cls()
+        import importlib
+
+        import onnxruntime as ort
+
+        ep, device = str(plugin["ep"]), str(plugin.get("device") or "CPU")
+        try:
+            if ep not in _REGISTERED:  # once per process: ONNX Runtime refuses a second registration
+                library = importlib.import_module(str(plugin["module"])).get_library_path()
+                ort.register_execution_provider_library(ep, library)
+                _REGISTERED.add(ep)
+            offered = [d for d in ort.get_ep_devices() if d.ep_name == ep]
+        except Exception as e:  # a missing or broken plugin: the fallback line says so
+            return cls(ep, device, [], f"its plugin library cannot be loaded: {_last_line(e)}", threads)
+        kinds = [d.ep_metadata.get("ov_device") or str(d.device.type).rsplit(".", 1)[-1] for d in offered]
+        devices = [d for d, kind in zip(offered, kinds) if kind == device]
+        if devices:
+            return cls(ep, device, devices[:1], "", threads)
+        return cls(ep, device, [], warm.no_device(ep, device, kinds, *warm.cpu_vendor()), threads)
+
+    def options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The plugin reads its settings from load_config: the container's threads added there."""
+        out = dict(options)
+        try:
+            config = json.loads(out.get("load_config") or "{}")
+        except ValueError:
+            return out
+        if self.device == "CPU" and self.threads and isinstance(config.get("CPU", {}), dict):
+            config.setdefault("CPU", {}).setdefault("INFERENCE_NUM_THREADS", str(self.threads))
+            out["load_config"] = json.dumps(config, sort_keys=True)
+        return out
+
+    def session(self, path: Path, opts: Any, usable: list[tuple[str, dict[str, Any]]]) -> Any:
+        import onnxruntime as ort
+
+        if self.devices and usable and usable[0][0] == self.ep:
+            opts.add_provider_for_devices(self.devices, self.options(usable[0][1]))
+            return ort.InferenceSession(str(path), opts)
+        return ort.InferenceSession(str(path), opts, providers=[n for n, _ in usable],
+                                    provider_options=[o for _, o in usable])  # fmt: skip
+
+    def compile(self, source: Path, target: Path, opts: Any, usable: list[tuple[str, dict[str, Any]]]) -> None:
+        """ONNX Runtime's compile API: an EP context model (target, plus the compiled blob beside
+        it) that a later start loads without compiling."""
+        import onnxruntime as ort
+
+        opts.add_provider_for_devices(self.devices, self.options(usable[0][1]))
+        ort.ModelCompiler(opts, str(source), embed_compiled_data_into_model=False).compile_to_file(str(target))
+
+
+_REGISTERED: set[str] = set()
+
+
+def _compiled(cache: warm.Cache, original: Path, raw: list[tuple[str, dict[str, Any]]], plugin: Plugin,
+              compiles: bool, opts: Any) -> tuple[Path, list[tuple[str, dict[str, Any]]]]:
+    """The model file to load, and the provider options for it: a verified cache's EP context
+    model (TensorRT's, written through trt_dump_ep_context_model; a plugin's, from the compile
+    API), else the original, compiled first into the cache folder when the provider can."""
+    usable = [(n, warm.expand(o, cache.folder)) for n, o in raw]
+    context = cache.folder / warm.CONTEXT_MODEL if cache.folder is not None else None
+    if context is None:
+        return original, usable
+    if cache.source != "compiled":
+        if context.is_file():  # the engine loads without the builder: write no context model again
+            return context, [(n, {k: v for k, v in o.items() if k != "trt_dump_ep_context_model"}) for n, o in usable]
+        return original, usable
+    if compiles and plugin.devices and usable and usable[0][0] == plugin.ep:
+        started = time.perf_counter()
+        try:
+            plugin.compile(original, context, opts, usable)
+            log.info("compiled %s for %s in %.2fs", original.name, plugin.ep, time.perf_counter() - started)
+            return context, usable
+        except Exception as e:  # serving the original model still works: it compiles in the session
+            log.warning("cannot compile an EP context model for %s (%s); loading the original model", plugin.ep,
+                        _last_line(e))  # fmt: skip
+            for leftover in context.parent.glob(context.stem + "*"):
+                leftover.unlink(missing_ok=True)
+    return original, usable
 
 
 MAX_TUNE_BYTES = 512 << 20  # larger models keep every CPU: no second session, even briefly

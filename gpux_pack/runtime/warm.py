@@ -33,6 +33,7 @@ log = logging.getLogger("gpux")
 BAKED_DIR = "/opt/gpux/warm"  # caches baked into the image by `gpux-pack warmup` (read-only)
 FALLBACK_DIR = "/tmp/gpux-cache"  # when GPUX_CACHE_DIR cannot be written (read-only root, no volume)
 RECORD = "warmup.json"
+CONTEXT_MODEL = "model_ctx.onnx"  # an EP context model in a key folder: loaded instead of the original
 FORMAT = 1
 PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's cache folder
 
@@ -137,6 +138,35 @@ def cpu_device() -> str:
         elif name in ("flags", "features") and not flags:
             flags = set(value.split()) & ISA
     return f"cpu: {model} [{' '.join(sorted(flags))}]"
+
+
+def cpu_vendor() -> tuple[str, str]:
+    """('AuthenticAMD', 'AMD EPYC 7763 64-Core Processor') from /proc/cpuinfo: which plugin EPs
+    offer a device depends on it (OpenVINO's matches Intel's vendor id only)."""
+    vendor, model = "", platform.machine()
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif name in ("model name", "cpu model") and model == platform.machine():
+            model = " ".join(value.split())
+    return vendor or "unknown vendor", model
+
+
+def no_device(ep: str, device: str, offered: list[str], vendor: str, model: str) -> str:
+    """The one line said when a plugin EP offers no device of the kind asked for: by the
+    runtime at start, and by `plan` and `providers` before a build."""
+    if device == "CPU" and vendor != "GenuineIntel":
+        why = f"this CPU is {vendor}, {model}; the plugin offers devices on Intel's (vendor id 0x8086) only"
+    else:
+        why = f"it offers {', '.join(sorted(set(offered))) or 'none'}" + (
+            "; start the container with --device /dev/dri" if device in ("GPU", "NPU") else "")
+    return f"the {ep} plugin offers no {device} device here: {why}"
 
 
 def nvidia_device(index: int = 0) -> str:
@@ -333,7 +363,8 @@ def uses_cache(options: dict[str, Any]) -> bool:
 
 def partition(profile: list[dict[str, Any]], nodes: int | None) -> tuple[dict[str, int], list[str]]:
     """Nodes per execution provider from ONNX Runtime's profile, and the op types left on CPU.
-    A provider that compiles subgraphs reports each as one fused node: it is credited with the
+    A provider that compiles subgraphs reports each as one fused node (a plugin's is named
+    after the provider; an EP context model's runs as one): it is credited with the
     graph's nodes that did not run elsewhere (counts after ONNX Runtime's graph optimizations)."""
     seen: dict[str, tuple[str, str]] = {}
     for event in profile:
@@ -345,7 +376,7 @@ def partition(profile: list[dict[str, Any]], nodes: int | None) -> tuple[dict[st
     fused: dict[str, int] = {}
     cpu_ops: set[str] = set()
     for provider, op in seen.values():
-        if "-EP-subgraph" in op or op.startswith("TRTKernel") or op.startswith("MIGraphX"):
+        if "-EP-subgraph" in op or op.startswith(("TRTKernel", "MIGraphX", provider)) or op == "EPContext":
             fused[provider] = fused.get(provider, 0) + 1
         else:
             counts[provider] = counts.get(provider, 0) + 1

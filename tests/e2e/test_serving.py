@@ -112,9 +112,11 @@ def test_concurrent_requests_are_batched_with_identical_answers(tmp_path, tags):
         before = _histogram(server.get("/metrics").text, "gpux_batch_rows")
         barrier = threading.Barrier(32)
 
-        def one(body):
-            barrier.wait()
-            return server.post("/predict", json={"features": body.tolist()}).json()
+        def one(body):  # connected first (kept alive), then all at once: the batcher sees them arrive together
+            with requests.Session() as session:
+                session.get(server.url + "/v2/health/ready", timeout=30)
+                barrier.wait()
+                return session.post(server.url + "/predict", json={"features": body.tolist()}, timeout=30).json()
 
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             concurrent_answers = list(pool.map(one, bodies))

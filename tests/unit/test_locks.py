@@ -78,4 +78,5 @@ def test_migraphx(tmp_path):
 
 def test_openvino(tmp_path):
     _, pins = lock(tmp_path, "openvino")
-    assert pins["onnxruntime-openvino"] == "1.24.1" and "onnxruntime" not in pins
+    assert pins["onnxruntime"] == "1.32.0" and pins["onnxruntime-ep-openvino"] == "1.8.1"
+    assert "onnxruntime-openvino" not in pins  # the plugin EP runs on the plain wheel

@@ -108,14 +108,15 @@ def test_device_and_extra_provider_options(tmp_path):
     (tmp_path / "gpux.yml").write_text(
         "name: m\nmodel: {source: m.onnx}\npack:\n  device_id: 1\n  provider_options:\n"
         "    cuda: {cudnn_conv_algo_search: HEURISTIC, enable_cuda_graph: true}\n"
-        "    OpenVINOExecutionProvider: {num_of_threads: 4, device_type: GPU}\n"
+        "    OpenVINOExecutionProvider: {enable_qdq_optimizer: true}\n  openvino: {device: GPU, precision: f16}\n"
     )
     cfg = load_project(tmp_path).config
     cuda = dict(session_providers(providers.get("cuda"), cfg))["CUDAExecutionProvider"]
     assert cuda["device_id"] == "1" and cuda["cudnn_conv_algo_search"] == "HEURISTIC"
     assert cuda["enable_cuda_graph"] == "true" and cuda["arena_extend_strategy"] == "kNextPowerOfTwo"
     ov = dict(session_providers(providers.get("openvino"), cfg))["OpenVINOExecutionProvider"]
-    assert ov == {"device_type": "GPU", "cache_dir": "${GPUX_CACHE_DIR}/openvino", "num_of_threads": "4"}
+    # the plugin reads its settings from load_config only (device_type, num_of_threads: ignored, warned)
+    assert ov == {"load_config": '{"GPU": {"INFERENCE_PRECISION_HINT": "f16"}}', "enable_qdq_optimizer": "true"}
     migraphx = dict(session_providers(providers.get("migraphx"), cfg))["MIGraphXExecutionProvider"]
     assert migraphx["device_id"] == "1" and migraphx["migraphx_model_cache_dir"] == "${GPUX_CACHE_DIR}/migraphx"
     (tmp_path / "gpux.yml").write_text("name: m\nmodel: {source: m.onnx}\npack:\n  provider_options: {cdua: {}}\n")

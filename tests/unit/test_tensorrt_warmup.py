@@ -62,12 +62,12 @@ def test_given_profiles_precision_and_ep_context(tmp_path):
         ("features:1x4", "features:8x4", "features:64x4")
     assert opts["trt_fp16_enable"] == "true"
     assert opts["trt_dump_ep_context_model"] == "true" and opts["trt_ep_context_embed_mode"] == "1"
-    assert opts["trt_ep_context_file_path"] == "${GPUX_CACHE_DIR}/tensorrt/model_ctx.onnx"
+    assert opts["trt_ep_context_file_path"] == "${GPUX_CACHE_DIR}/model_ctx.onnx"
     folder = tmp_path / "key"
     expanded = warm.expand(opts, folder)
     assert expanded["trt_engine_cache_path"] == str(folder / "tensorrt") and (folder / "tensorrt").is_dir()
-    assert expanded["trt_ep_context_file_path"] == str(folder / "tensorrt" / "model_ctx.onnx")
-    assert not (folder / "tensorrt" / "model_ctx.onnx").exists()  # a file path, not made as a folder
+    assert expanded["trt_ep_context_file_path"] == str(folder / "model_ctx.onnx")
+    assert not (folder / "model_ctx.onnx").exists()  # a file path, not made as a folder
 
 
 def test_the_key_names_what_an_engine_depends_on(tmp_path):
