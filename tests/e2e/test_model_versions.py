@@ -40,7 +40,7 @@ def test_an_ir14_model_builds_for_cpu_and_serves(tmp_path, docker_client, tags):
         np.testing.assert_allclose(answer.json()["y"], x @ W + B, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("provider, ort", [("openvino", "onnxruntime-openvino 1.24.1")])
+@pytest.mark.parametrize("provider, ort", [("cuda", "onnxruntime-gpu 1.31.1")])
 def test_an_ir14_model_is_refused_for_an_older_onnxruntime_before_any_build(tmp_path, docker_client, tags,
                                                                                provider, ort):
     import docker

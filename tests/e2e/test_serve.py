@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import BASE_IMAGE, EXAMPLES, run_cli, serve
+from tests.conftest import BASE_IMAGE, EXAMPLES, intel_cpu, run_cli, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -127,7 +127,8 @@ def test_providers_command_reads_this_host(docker_client):
     assert table["cuda"]["cuda12"] == "onnxruntime-gpu[cuda,cudnn]==1.26.0"
     assert table["cuda"]["vendor_base_image"].startswith("nvidia/cuda:13.") and table["cuda"]["docker_run"] == "--gpus all"
     assert table["cpu"]["host_can_run"] is True and table["cpu"]["package"].startswith("onnxruntime==")
-    assert table["openvino"]["host_can_run"] is True
+    assert table["openvino"]["host_can_run"] is intel_cpu()  # the plugin offers devices on Intel CPUs only
+    assert table["openvino"]["package"] == "onnxruntime==1.32.0 + onnxruntime-ep-openvino==1.8.1"
     gpu = any(r["host_can_run"] for n, r in table.items() if n in ("cuda", "tensorrt"))
     assert gpu == ("nvidia" in (docker_client.info().get("Runtimes") or {}))
 

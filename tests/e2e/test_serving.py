@@ -87,10 +87,29 @@ def test_tritonclient_http_equals_onnxruntime(example, binary, mlp_image, text_i
 
 
 def _batching_project(tmp_path):
-    project = copy_example("mlp", tmp_path)
-    text = (project / "gpux.yml").read_text()
-    (project / "gpux.yml").write_text(text.replace("serving:\n", "serving:\n  batching: {max_batch_size: 32, "
-                                                                  "max_delay_ms: 20}\n"))  # fmt: skip
+    """A model slow enough (32 layers of 384x384 weights, 19 MB read per run: milliseconds) that
+    requests arriving together queue behind a running one: with the iris MLP (microseconds) a
+    run ends before the next request is parsed, nothing ever waits, and batching has nothing to join."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    width, nodes, weights, prev = 384, [], [], "features"
+    for i in range(32):
+        weights.append(numpy_helper.from_array((rng.normal(size=(width, width)) * (2 / width) ** 0.5).astype(np.float32), f"w{i}"))
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+        prev = f"r{i}"
+    weights.append(numpy_helper.from_array(rng.normal(size=(width, 3)).astype(np.float32) * 0.05, "head"))
+    nodes += [helper.make_node("MatMul", [prev, "head"], ["logits"]), helper.make_node("Softmax", ["logits"], ["probs"], axis=1)]
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", width])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 3]) for n in ("logits", "probs")],
+                              weights)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    project = tmp_path / "slow"
+    project.mkdir()
+    onnx.save(model, str(project / "model.onnx"))
+    (project / "gpux.yml").write_text("name: slow-mlp\nversion: 1.0.0\nmodel: {source: ./model.onnx}\n"
+                                      "serving:\n  batching: {max_batch_size: 32, max_delay_ms: 20}\n")
     return project
 
 
@@ -106,7 +125,7 @@ def _histogram(metrics: str, name: str) -> dict[str, float]:
 def test_concurrent_requests_are_batched_with_identical_answers(tmp_path, tags):
     image = build_image(_batching_project(tmp_path), tags("batched:cpu"))
     rng = np.random.default_rng(5)
-    bodies = [rng.normal(size=(int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(32)]
+    bodies = [rng.normal(size=(int(rng.integers(1, 4)), 384)).astype(np.float32) for _ in range(32)]
     with serve(image["tag"]) as server:
         sequential = [server.post("/predict", json={"features": b.tolist()}).json() for b in bodies]
         before = _histogram(server.get("/metrics").text, "gpux_batch_rows")
