@@ -125,25 +125,20 @@ def device_of(provider: str) -> str:
 
 
 def cpu_device() -> str:
-    model, flags = platform.machine(), set()
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        name = name.strip().lower()
-        if name in ("model name", "cpu model") and model == platform.machine():
-            model = " ".join(value.split())
-        elif name in ("flags", "features") and not flags:
-            flags = set(value.split()) & ISA
+    _, model, flags = _cpuinfo()
     return f"cpu: {model} [{' '.join(sorted(flags))}]"
 
 
 def cpu_vendor() -> tuple[str, str]:
-    """('AuthenticAMD', 'AMD EPYC 7763 64-Core Processor') from /proc/cpuinfo: which plugin EPs
-    offer a device depends on it (OpenVINO's matches Intel's vendor id only)."""
-    vendor, model = "", platform.machine()
+    """('AuthenticAMD', 'AMD EPYC 7763 64-Core Processor'): which plugin EPs offer a device
+    depends on it (OpenVINO's matches Intel's vendor id only)."""
+    vendor, model, _ = _cpuinfo()
+    return vendor or "unknown vendor", model
+
+
+def _cpuinfo() -> tuple[str, str, set[str]]:
+    """The first CPU's vendor id, model name and ISA flags from /proc/cpuinfo."""
+    vendor, model, flags = "", platform.machine(), set()
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
@@ -155,7 +150,9 @@ def cpu_vendor() -> tuple[str, str]:
             vendor = value.strip()
         elif name in ("model name", "cpu model") and model == platform.machine():
             model = " ".join(value.split())
-    return vendor or "unknown vendor", model
+        elif name in ("flags", "features") and not flags:
+            flags = set(value.split()) & ISA
+    return vendor, model, flags
 
 
 def no_device(ep: str, device: str, offered: list[str], vendor: str, model: str) -> str:
