@@ -89,13 +89,20 @@ def test_refuses_without_a_cuda_device(results, capsys, monkeypatch):
     assert _refusal(capsys, results) == "gpu_check: no CUDA device: gpu: none (libcuda.so.1 not found)"
 
 
-@pytest.mark.skipif(CUDA in ort.get_available_providers(), reason="this onnxruntime has a real CUDA provider")
 @pytest.mark.filterwarnings("ignore:Specified provider")
 def test_refuses_when_the_cuda_provider_is_not_active(results, capsys, monkeypatch):
     """onnxruntime lists CUDA and a GPU answers, but the session runs on CPU: refused, not
-    reported (GPUX_REQUIRE_PROVIDER=1 in the runtime)."""
-    real = ort.get_available_providers()
-    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, *real])
+    reported (GPUX_REQUIRE_PROVIDER=1 in the runtime). Sessions are made without CUDA, so this
+    holds on a machine with a real GPU too."""
+    real, session = ort.get_available_providers(), ort.InferenceSession
+
+    def without_cuda(path, opts=None, providers=None, provider_options=None, **kw):
+        kept = [i for i, name in enumerate(providers or []) if name != CUDA]
+        return session(path, opts, providers=[providers[i] for i in kept] or None,
+                       provider_options=[provider_options[i] for i in kept] if provider_options else None, **kw)
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, *[p for p in real if p != CUDA]])
+    monkeypatch.setattr(ort, "InferenceSession", without_cuda)
     monkeypatch.setattr(warm, "nvidia_device", lambda index=0: "gpu: NVIDIA Test sm90 (driver 13000)")
     line = _refusal(capsys, results)
     assert line.startswith(f"gpu_check: mlp: GPUX_REQUIRE_PROVIDER=1: {CUDA} is not active")
