@@ -68,7 +68,7 @@ class Model:
         available = set(ort.get_available_providers()) | ({plugin.ep} if plugin.devices else set())
         usable = [(n, o) for n, o in settings.providers if n in available]
         primary_options = dict(usable[0][1]) if usable else {}
-        compiles = bool(spec.get("ep_context")) and plugin.devices != []
+        compiles = bool(spec.get("ep_context")) and bool(plugin.devices)  # only where the plugin has a device
         cache = warm.choose(
             warm.key_parts(spec, usable[0][0] if usable else "CPUExecutionProvider", primary_options,
                            _shapes(spec), ort.__version__),
