@@ -16,8 +16,8 @@ CUDA 13 and cuDNN 9 come from NVIDIA's pip wheels, which the runtime preloads
 there is no CUDA provider.
 
 For each example under examples/, the folder a cuda image holds (model/ and gpux.json) is made
-by the packager's own planning code (pipeline.load, pipeline.plan_for, plan.runtime_config,
-providers.session_providers of the cuda row); then the image's runtime runs it in this process
+by the packager's own planning code (commands.build.load and plan_for, and the plan's
+gpux_json for the cuda row); then the image's runtime runs it in this process
 as a container would (Settings.load, Model.load, warmup, tune_threads) with
 GPUX_REQUIRE_PROVIDER=1, so a CUDA provider that does not start is an error, never CPU numbers
 reported as GPU ones. Reported per example:
@@ -100,15 +100,15 @@ class Refused(Exception):
 def image_folder(example: Path, folder: Path) -> dict[str, Any]:
     """model/ and gpux.json as a cuda image holds them (the build writes the same gpux.json),
     from the real planning code: no Docker, no wheels, no network."""
-    from gpux_pack import providers
-    from gpux_pack.pipeline import load, plan_for
-    from gpux_pack.plan import Options, runtime_config
+    from gpux_pack.commands.build import load, plan_for
+    from gpux_pack.plan import Options, with_lock
     from gpux_pack.ui import Reporter
+    from gpux_pack.wheels import Lock, Pin
 
     loaded = load(example)
     plan = plan_for(loaded, "cuda", "gpu_check: cuda", Options(), None, Reporter(quiet=True), pull=False)
-    spec = runtime_config(plan, providers.session_providers(plan.provider, loaded.project.config),
-                          plan.provider.version)  # fmt: skip
+    pin = Pin(plan.provider.ort, plan.provider.version, frozenset())  # the row's onnxruntime-gpu, as a lock pins it
+    spec = with_lock(plan, Lock(plan.target, plan.requirements, (pin,))).gpux_json
     for name in loaded.model.files:  # external data too, at the paths the model names
         target = folder / "model" / name
         target.parent.mkdir(parents=True, exist_ok=True)

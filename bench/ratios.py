@@ -41,7 +41,7 @@ from onnx import numpy_helper
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpux_pack import wheels  # noqa: E402
+from gpux_pack import staging, wheels  # noqa: E402
 
 
 def cli(*args: str, env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
@@ -120,7 +120,7 @@ def measure(client, provider: str, base: str, rounds: int, work: Path) -> dict:
     tag = f"gpux-bench/ratios:{provider}"
     _, first = build(project, provider, base, tag)  # fills the wheel cache, makes the runtime base
     runtime = first["runtime_base"]
-    cache = wheels.cache_dir()
+    cache = staging.cache_dir()
     # the exact wheel files of this image's lock
     site_wheels = _wheels_of(project, provider, base)
     context = handwritten_context(site_wheels, project / "model.onnx", base).getvalue()
@@ -171,14 +171,14 @@ def measure(client, provider: str, base: str, rounds: int, work: Path) -> dict:
 
 def _wheels_of(project: Path, provider: str, base: str) -> list[Path]:
     """The wheel files `gpux-pack render` would install, found through the CLI's own lock."""
-    from gpux_pack import engine, pipeline
+    from gpux_pack import engine
+    from gpux_pack.commands.build import load, locked, plan_for
     from gpux_pack.plan import Options
     from gpux_pack.ui import Reporter
 
     ui = Reporter(quiet=True)
-    loaded = pipeline.load(project)
-    plan = pipeline.locked(pipeline.plan_for(loaded, provider, "bench", Options(base_image=base), engine.connect(),
-                                             ui, pull=False), ui)  # fmt: skip
+    plan = locked(plan_for(load(project), provider, "bench", Options(base_image=base), engine.connect(), ui,
+                           pull=False), ui)  # fmt: skip
     return [w.path for w in wheels.fetch(plan.lock).wheels]
 
 

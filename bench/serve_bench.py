@@ -126,7 +126,7 @@ def load(port: int, path: str, body: bytes, headers: dict[str, str], concurrency
     the server does, so it understates throughput."""
     if client == "wrk":
         return _wrk(port, path, body, headers, concurrency, total)
-    from gpux_pack.benchmark import load_test
+    from gpux_pack.commands.bench import load_test
 
     latencies, rps = load_test(f"http://127.0.0.1:{port}", path, body, headers, total, concurrency)
     return {"p50_ms": latencies[len(latencies) // 2], "p99_ms": latencies[int(len(latencies) * 0.99)], "rps": rps}

@@ -22,10 +22,11 @@ except ImportError:  # pragma: no cover - older typer on real click
     from click import exceptions as click_errors
 
 from gpux_pack import __version__, engine, providers
-from gpux_pack import push as pushing
 from gpux_pack.errors import BuildError, PackError
-from gpux_pack.plan import image_tag
+from gpux_pack.plan import Options, image_tag
+from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
+from gpux_pack.wheels import ARCHES
 
 app = typer.Typer(
     name="gpux-pack",
@@ -37,9 +38,7 @@ app = typer.Typer(
 )
 
 PathArg = typer.Argument(Path("."), help="Folder holding gpux.yml, or the gpux.yml itself.")
-ProviderOpt = typer.Option(
-    None, "--provider", "-p", help="auto, cpu, cuda, tensorrt, rocm, openvino; several: cpu,openvino."
-)
+ProviderOpt = typer.Option(None, "--provider", "-p", help=providers.names_help())
 BaseOpt = typer.Option(None, "--base-image", help="Replace the provider's default base image.")
 PlatformOpt = typer.Option(None, "--platform", help="The image's platform, e.g. linux/amd64.")
 WarmupOpt = typer.Option(None, "--warmup", help="auto | always | never.")
@@ -60,27 +59,21 @@ def _root(
 
 
 def _options(tag, base_image, platform, warmup):
-    from gpux_pack.plan import Options
-
     if warmup is not None and warmup not in ("auto", "always", "never"):
         raise typer.BadParameter(f"'{warmup}' is not auto, always or never", param_hint="--warmup")
     if base_image is not None and base_image not in ("default", "vendor"):
-        from gpux_pack.reference import parse_reference
-
         try:
             parse_reference(base_image)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--base-image") from None
     if platform is not None:
-        from gpux_pack.wheels import ARCHES
-
         if platform not in ARCHES:
             raise typer.BadParameter(f"'{platform}' is not one of {', '.join(ARCHES)}", param_hint="--platform")
     return Options(tag=tag, base_image=base_image, platform=platform, warmup=warmup)
 
 
-@app.command()
-def build(
+@app.command("build")
+def build_cmd(
     path: Path = PathArg,
     provider: Optional[str] = ProviderOpt,
     tag: Optional[str] = typer.Option(None, "--tag", "-t", help="Image reference; {name} {version} {provider} expand."),
@@ -98,8 +91,7 @@ def build(
     push_: bool = typer.Option(False, "--push", help="Push every image built; their digests go in the summary."),
 ) -> None:
     """Build the model's image(s) through the Docker engine."""
-    from gpux_pack import build as building
-    from gpux_pack import pipeline
+    from gpux_pack.commands import build
 
     started = time.perf_counter()
     ui = Reporter(quiet=quiet)  # logs go to stderr in every mode; --json owns stdout
@@ -108,18 +100,19 @@ def build(
     for name in platforms[1:] if platforms[0] else ():
         _options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
     cli = providers.parse_provider_list(provider)
-    loaded = pipeline.load(path)
+    loaded = build.load(path)
     image_tag(loaded.project, "cpu", tag)  # a bad tag fails now, not after the build
-    pipeline.check_model(loaded, cli)  # ... and so does a model the image's onnxruntime cannot load
+    build.check_model(loaded, cli)  # ... and so does a model the image's onnxruntime cannot load
     client = engine.connect()
-    decision = pipeline.choose_providers(loaded, cli, client, ui)
+    decision = build.choose_providers(loaded, cli, client, ui)
     if tag and len(decision.providers) > 1 and "{provider}" not in tag:
         raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
-    if (warmup or loaded.project.config.pack.warmup) != "never" and "tensorrt" in decision.providers:
-        options = replace(options, host_has_gpu=engine.host_info(client).nvidia)
+    if (warmup or loaded.project.config.pack.warmup) != "never":  # a baked warmup wants the host's device
+        options = replace(options, host=engine.host_info(client))
     per_platform = [replace(options, platform=p, base_image=bases.get(p, bases.get(None)), multi_platform=True)
                     for p in platforms] if len(platforms) > 1 else [options]  # fmt: skip
-    results, failures, indexes = _build_each(loaded, decision, per_platform, client, ui, no_cache, refresh, push_)
+    results, failures, indexes = build.build_each(loaded, decision, per_platform, client, ui, _failed, no_cache,
+                                                  refresh, push_)  # fmt: skip
     _summary(results, failures, json_out, time.perf_counter() - started, indexes)
     if failures:
         raise typer.Exit(max(e.exit_code for _, e in failures))
@@ -128,8 +121,6 @@ def build(
 def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tuple[list, dict]:
     """--platform a,b and --base-image [PLATFORM=]IMAGE...: the platforms (or [None]) and each
     one's base (None: every platform's; the last given for a platform wins)."""
-    from gpux_pack.wheels import ARCHES
-
     platforms = [p.strip() for p in platform.split(",")] if platform else [None]
     if len(platforms) > 1:
         if len(set(platforms)) != len(platforms) or len({ARCHES.get(p) for p in platforms}) != len(platforms):
@@ -149,47 +140,14 @@ def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tu
     return platforms, chosen
 
 
-def _build_each(loaded, decision, per_platform, client, ui, no_cache=False, refresh=False, push_=False):
-    """Build (and push) one image per provider and platform, and one index per provider when there
-    are several platforms; a failing provider does not stop the others."""
-    from gpux_pack import build as building
-    from gpux_pack import pipeline
-    from gpux_pack import registry
-
-    results, failures, indexes = [], [], []
-    for name in decision.providers:
-        try:
-            done = []
-            for options in per_platform:
-                prepared = pipeline.prepare(loaded, name, decision.reason, options, client, ui, pull=True,
-                                            refresh=refresh)  # fmt: skip
-                plan = prepared.plan
-                if prepared.runtime is not None:  # once per provider, base and lock; then only models
-                    building.make_runtime(client, prepared.runtime, ui, no_cache=no_cache, platform=plan.platform,
-                                          reuse=True)  # fmt: skip
-                baked = plan.warmup == "baked"
-                built = building.make_model(client, prepared, ui, no_cache=no_cache, tag=not baked)
-                if baked:
-                    gpus = options.host_has_gpu and plan.provider.device == "nvidia"
-                    built = building.bake_warmup(client, built, plan, ui, gpus=gpus)
-                pushed = pushing.push(client, built.tag, ui) if push_ else None
-                done.append((plan, prepared, built, pushed))
-            if done[0][0].index_tag:
-                members = [registry.Member(plan.platform, pushed.digest.split("@", 1)[1]) for plan, _, _, pushed in done]
-                ui.info(f"writing the index {done[0][0].index_tag} ({', '.join(m.platform for m in members)})")
-                indexes.append((name, registry.push_index(client, done[0][0].index_tag, members)))
-            results.extend(done)
-        except PackError as e:
-            if len(decision.providers) == 1:
-                raise
-            failures.append((name, e))
-            _print_error(e, prefix=f"{name}: ")
-    return results, failures, indexes
+def _failed(name: str, e: PackError) -> None:
+    _print_error(e, prefix=f"{name}: ")
 
 
 def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: float, indexes: list[Any]) -> None:
     rows = []
-    for plan, prepared, built, pushed in results:
+    for made in results:
+        plan, prepared, built, pushed = made.plan, made.prepared, made.built, made.pushed
         rows.append(
             {
                 "tag": built.tag,
@@ -198,12 +156,12 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
                 "provider": plan.provider.name,
                 "reason": plan.reason,
                 "base_image": plan.base.image,
-                "runtime_base": plan.runtime_base,
-                "runtime_base_built": prepared.runtime is not None,
+                "runtime_base": plan.runtime_base.tag,
+                "runtime_base_built": prepared.runtime_base_context is not None,
                 "context_bytes": prepared.context.size_bytes,
                 "platform": plan.platform,
                 "python": plan.base.python,
-                "onnxruntime": prepared.lock.version_of(plan.provider.ort),
+                "onnxruntime": plan.lock.version_of(plan.provider.ort),
                 "warmup": plan.warmup,
                 "seconds": round(built.seconds, 2),
                 "steps": built.steps,
@@ -216,7 +174,7 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
     index_rows = [{"provider": name, "tag": i.tag, "digest": i.digest,
                    "manifests": [{"platform": p, "digest": d} for p, d in i.members]} for name, i in indexes]  # fmt: skip
     if json_out:
-        from gpux_pack.summary import BuildSummary
+        from gpux_pack.commands.summary import BuildSummary
 
         doc = BuildSummary.model_validate({"images": rows, "indexes": index_rows, "failed": failed,
                                            "seconds": round(seconds, 2)})  # fmt: skip
@@ -266,26 +224,26 @@ def plan_cmd(
     """Every decision a build would make (provider and why, base image and its facts, Python,
     the lock with download sizes, tag, warmup, runtime base reuse), downloading no wheel and
     building nothing."""
-    from gpux_pack import pipeline, wheels
+    from gpux_pack import wheels
+    from gpux_pack.commands import build
 
     options = _options(tag, base_image, platform, warmup)
     cli_providers = providers.parse_provider_list(provider)
-    loaded = pipeline.load(path)
+    loaded = build.load(path)
     image_tag(loaded.project, "cpu", tag)
-    pipeline.check_model(loaded, cli_providers)
+    build.check_model(loaded, cli_providers)
     ui = Reporter(quiet=True)
     client = engine.try_connect()
-    decision = pipeline.choose_providers(loaded, cli_providers, client, ui)
+    decision = build.choose_providers(loaded, cli_providers, client, ui)
     host = engine.host_info(client) if client is not None else None
     out = []
     for name in decision.providers:
-        plan = pipeline.plan_for(loaded, name, decision.reason, options, client, ui, pull=False)
-        lock = wheels.resolve(plan.requirements, plan.target, offline=offline)
-        plan = pipeline.with_lock(plan, lock)
+        plan = build.locked(build.plan_for(loaded, name, decision.reason, options, client, ui, pull=False), ui,
+                            client=client, offline=offline)  # fmt: skip
+        lock = plan.lock
         known = wheels.sizes(lock, offline=offline)
         pins = [{"name": p.name, "version": p.version, "size_bytes": known[p.name][0], "cached": known[p.name][1]}
                 for p in lock.pins]  # fmt: skip
-        present = client is not None and engine.image_exists(client, plan.runtime_base)
         note = host.plugin_refusal(plan.provider, loaded.project.config.pack.openvino.device) if host else ""
         out.append({
             "provider": plan.provider.name, "reason": plan.reason, "tag": plan.tag,
@@ -293,7 +251,7 @@ def plan_cmd(
                            "arch": plan.base.arch, "glibc": ".".join(map(str, plan.base.glibc)),
                            "inspected": plan.base.probed},
             "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
-            "runtime_base": {"tag": plan.runtime_base, "present": present},
+            "runtime_base": {"tag": plan.runtime_base.tag, "present": plan.runtime_base_present},
             "onnxruntime": lock.version_of(plan.provider.ort),
             "lock": pins,
             "download_bytes": sum(p["size_bytes"] or 0 for p in pins if not p["cached"]),
@@ -335,28 +293,28 @@ def bench_cmd(
 ) -> None:
     """Start each provider's image, warm it, and compare: session.run inside the container, and
     end-to-end KServe v2 latency (p50/p99) and throughput from this host."""
-    from gpux_pack import benchmark, pipeline
+    from gpux_pack.commands import bench, build
 
     ui = Reporter(quiet=json_out)
     client = engine.connect()
     if Path(target).exists():
         options = _options(tag, base_image, None, None)
-        loaded = pipeline.load(Path(target))
+        loaded = build.load(Path(target))
         image_tag(loaded.project, "cpu", tag)
         cli_providers = providers.parse_provider_list(provider)
-        pipeline.check_model(loaded, cli_providers)
-        decision = pipeline.choose_providers(loaded, cli_providers, client, ui)
+        build.check_model(loaded, cli_providers)
+        decision = build.choose_providers(loaded, cli_providers, client, ui)
         if tag and len(decision.providers) > 1 and "{provider}" not in tag:
             raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
-        built, failures, _ = _build_each(loaded, decision, [options], client, ui)
+        made, failures, _ = build.build_each(loaded, decision, [options], client, ui, _failed)
         if failures:
             raise typer.Exit(max(e.exit_code for _, e in failures))
-        images = [b.tag for _, _, b, _ in built]
+        images = [m.built.tag for m in made]
     else:
         if provider:
             raise typer.BadParameter("--provider picks what to build from a project folder", param_hint="--provider")
         images = [target]
-    results = [benchmark.bench(client, image, ui, runs, concurrency).row() for image in images]
+    results = [bench.bench(client, image, ui, runs, concurrency).row() for image in images]
     if json_out:
         print(json.dumps({"results": results}, indent=2))
         return
@@ -380,9 +338,11 @@ def push_cmd(
 ) -> None:
     """Push images with the credentials of your Docker config (docker login, credential helpers);
     print each pushed digest (name@sha256:...)."""
+    from gpux_pack.registry.push import push
+
     ui = Reporter(quiet=quiet or json_out)
     client = engine.connect()
-    done = [pushing.push(client, ref, ui) for ref in images]
+    done = [push(client, ref, ui) for ref in images]
     if json_out:
         print(json.dumps({"images": [{"tag": p.tag, "digest": p.digest, "size_bytes": p.size,
                                       "seconds": round(p.seconds, 2)} for p in done]}, indent=2))  # fmt: skip
@@ -394,11 +354,11 @@ def push_cmd(
 @app.command("deploy")
 def deploy_cmd(
     image: str = typer.Argument(..., help="A pushed image (name:tag with a registry digest, or name@sha256:...)."),
-    target: str = typer.Option(..., "--target", help="compose, kubernetes or kserve."),
+    target: str = typer.Option(..., "--target", help="compose, kubernetes or kserve (one manifest set each)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder to write to (default: stdout)."),
 ) -> None:
     """Manifests that run the image pinned by digest, with its device, probes and a locked-down pod."""
-    from gpux_pack import deploy
+    from gpux_pack.commands import deploy
 
     if target not in deploy.TARGETS:
         raise typer.BadParameter(f"{target!r}: expected one of {', '.join(deploy.TARGETS)}", param_hint="--target")
@@ -422,11 +382,11 @@ def run_cmd(
 ) -> None:
     """Start an image with its provider's device flags, a read-only root, a tmpfs /tmp and a
     cache volume; wait until it is ready and print its URL (Ctrl-C stops it: drained, removed)."""
-    from gpux_pack import launch
+    from gpux_pack.commands.run import start
 
     ui = Reporter(quiet=detach)
     client = engine.connect()
-    started = launch.start(client, image, ui, port=port, bind=bind, cpu_fallback=cpu_fallback, timeout=timeout)
+    started = start(client, image, ui, port=port, bind=bind, cpu_fallback=cpu_fallback, timeout=timeout)
     note = " (on CPU: --cpu-fallback)" if started.on_cpu else ""
     print(f"{started.url}  {started.provider}{note}  cache volume {started.volume}", flush=True)
     if detach:
@@ -461,11 +421,10 @@ def warmup_cmd(
 ) -> None:
     """Compile the image's provider caches on this machine (its accelerator) and bake them into
     a derived image (+1 layer, same config, io.gpux.warmup=baked) or export them for a volume."""
-    from gpux_pack import warmup
+    from gpux_pack.commands.warmup import warm_image
+    from gpux_pack.engine import image_labels
 
     if tag is not None:
-        from gpux_pack.reference import parse_reference
-
         try:
             parse_reference(tag.replace("{short}", "x"))
         except ValueError as e:
@@ -474,9 +433,9 @@ def warmup_cmd(
         raise typer.BadParameter("--tag makes an image, --export a folder: choose one", param_hint="--export")
     ui = Reporter(quiet=quiet or json_out)
     client = engine.connect()
-    labels = warmup._image(client, image).attrs["Config"].get("Labels") or {}
-    devices = warmup.devices_for(labels.get("io.gpux.provider", ""), gpus, device)
-    warmed = warmup.warm_image(client, image, ui, tag=tag, devices=devices, export=export, timeout=timeout)
+    row = providers.PROVIDERS.get(image_labels.read(client, image).provider)
+    devices = providers.devices_for(row, gpus, tuple(device))
+    warmed = warm_image(client, image, ui, tag=tag, devices=devices, export=export, timeout=timeout)
     state = warmed.state
     summary = {
         "image": image, "tag": warmed.tag, "id": warmed.id, "exported": str(warmed.exported) if warmed.exported else None,
@@ -501,7 +460,7 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("ls")
 def cache_ls(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """What each cache holds: entries, bytes, the oldest and newest use, and what killed builds left."""
-    from gpux_pack import cache
+    from gpux_pack.commands import cache
 
     rows = [e.summary() for e in cache.kinds()]
     if json_out:
@@ -520,7 +479,7 @@ def cache_prune(
 ) -> None:
     """Remove cache entries not used for --older-than (by their last modification), and whatever
     killed builds left, at any age."""
-    from gpux_pack import cache
+    from gpux_pack.commands import cache
 
     seconds = cache.parse_age(older_than)
     removed = cache.prune(seconds)
@@ -531,8 +490,8 @@ def cache_prune(
     print(f"removed {len(removed)} entries, {total / 1e6:.1f} MB")
 
 
-@app.command()
-def render(
+@app.command("render")
+def render_cmd(
     path: Path = PathArg,
     output: Path = typer.Option(..., "--output", "-o", help="Folder to write the Dockerfile and build context to."),
     provider: Optional[str] = ProviderOpt,
@@ -544,23 +503,23 @@ def render(
     refresh: bool = RefreshOpt,
 ) -> None:
     """Write the Dockerfile and the whole build context; `docker build DIR` gives the same image."""
-    from gpux_pack import context as contexts
-    from gpux_pack import pipeline
+    from gpux_pack.commands import build
+    from gpux_pack.image.context import write
 
     ui = Reporter(quiet=quiet)
     options = _options(tag, base_image, platform, warmup)
     if options.warmup == "always":
         raise typer.BadParameter("a baked warmup needs `gpux-pack build`", param_hint="--warmup")
     cli = providers.parse_provider_list(provider)
-    loaded = pipeline.load(path)
-    pipeline.check_model(loaded, cli)
+    loaded = build.load(path)
+    build.check_model(loaded, cli)
     client = engine.try_connect()
-    decision = pipeline.choose_providers(loaded, cli, client, ui)
+    decision = build.choose_providers(loaded, cli, client, ui)
     if len(decision.providers) > 1:
         raise typer.BadParameter("render writes one context: give one provider", param_hint="--provider")
-    prepared = pipeline.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False,
-                                refresh=refresh, self_contained=True)
-    contexts.write(prepared.context, output)
+    prepared = build.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False,
+                             refresh=refresh, self_contained=True)
+    write(prepared.context, output)
     print(f"wrote {output}/Dockerfile and its context ({prepared.context.size_bytes / 1e6:.0f} MB); "
           f"build it with: docker build -t {prepared.plan.tag} {output}")
 
@@ -575,7 +534,7 @@ def providers_cmd(json_out: bool = typer.Option(False, "--json", help="Machine-r
         ok, why = (None, "Docker engine not reachable") if host is None else host.can_run(p)
         rows.append({
             "name": p.name, "title": p.title, "base_image": p.base_image,
-            "package": p.package + (f" + {p.extra_requirements[0]}" if p.plugin else ""),  # the plugin EP's
+            "package": p.pip_requirement + (f" + {p.extra_requirements[0]}" if p.plugin else ""),  # the plugin EP's
             "vendor_base_image": p.bases["vendor"].image if "vendor" in p.bases else None,
             "python": p.bases["default"].python, "execution_providers": list(p.execution_providers),
             "platforms": list(p.platforms), "docker_run": p.run_flags, "cuda12": _cuda12(p.name),
@@ -610,20 +569,20 @@ def _console():
 
 
 def _cuda12(name: str) -> str | None:
-    return providers.get(name, cuda="12").package if name in providers.CUDA12 else None
+    return providers.get(name, cuda="12").pip_requirement if name in providers.CUDA12 else None
 
 
 base_app = typer.Typer(help="Runtime base images: a provider's wheels and runtime, without a model.",
                        no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(base_app, name="base")
-BaseProviderOpt = typer.Option(..., "--provider", "-p", help="cpu, cuda, tensorrt, rocm, migraphx, openvino.")
+BaseProviderOpt = typer.Option(..., "--provider", "-p", help=f"{', '.join(providers.PROVIDERS)}.")
 CudaOpt = typer.Option("13", "--cuda", help="CUDA major version for cuda/tensorrt: 13 or 12.")
 NvidiaLibsOpt = typer.Option(None, "--nvidia-libs", help="wheels | base: where CUDA/cuDNN come from.")
 LinkCheckOpt = typer.Option(True, "--link-check/--no-link-check", help="Check the provider's libraries at build time.")
 
 
-def _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_check, client, ui, refresh):
-    from gpux_pack import pipeline
+def _prepare_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check, client, ui, refresh):
+    from gpux_pack.commands.build import prepare_runtime_base
 
     names = providers.parse_provider_list(provider)
     if len(names) != 1 or names[0] == "auto":
@@ -633,8 +592,8 @@ def _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_che
         raise typer.BadParameter(f"'{cuda}' is not 13 or 12", param_hint="--cuda")
     if nvidia_libs not in (None, "wheels", "base"):
         raise typer.BadParameter(f"'{nvidia_libs}' is not wheels or base", param_hint="--nvidia-libs")
-    return pipeline.prepare_runtime(name, cuda, base_image, platform, nvidia_libs, link_check, client, ui,
-                                    pull=client is not None, refresh=refresh)
+    return prepare_runtime_base(name, cuda, base_image, platform, nvidia_libs, link_check, client, ui,
+                                pull=client is not None, refresh=refresh)
 
 
 @base_app.command("build")
@@ -651,16 +610,17 @@ def base_build(
     refresh: bool = RefreshOpt,
 ) -> None:
     """Build a provider's runtime base image; `build` then adds only the model on top of it."""
-    from gpux_pack import build as building
+    from gpux_pack.commands.build import make_runtime_base
 
     ui = Reporter(quiet=quiet)
     _options(None, base_image, platform, None)
     client = engine.connect()
-    prepared = _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_check, client, ui, refresh)
-    built = building.make_runtime(client, prepared, ui, no_cache=no_cache, platform=platform)
+    runtime_base, context = _prepare_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
+                                                  client, ui, refresh)  # fmt: skip
+    built = make_runtime_base(client, runtime_base, context, ui, no_cache=no_cache)
     if json_out:
         print(json.dumps({"tag": built.tag, "id": built.id, "size_bytes": built.size_bytes,
-                          "provider": prepared.provider.name, "seconds": round(built.seconds, 2)}, indent=2))
+                          "provider": runtime_base.provider.name, "seconds": round(built.seconds, 2)}, indent=2))
     else:
         print(f"built {built.tag}  {built.id[7:19]}  {built.size_bytes / 1e6:.0f} MB  {built.seconds:.1f}s")
 
@@ -678,23 +638,26 @@ def base_render(
     refresh: bool = RefreshOpt,
 ) -> None:
     """Write a runtime base image's Dockerfile and context."""
-    from gpux_pack import context as contexts
+    from gpux_pack.image.context import write
 
     ui = Reporter(quiet=quiet)
     _options(None, base_image, platform, None)
-    prepared = _prepare_runtime(provider, cuda, base_image, platform, nvidia_libs, link_check,
-                                engine.try_connect(), ui, refresh)
-    contexts.write(prepared.context, output)
-    print(f"wrote {output}/Dockerfile; build it with: docker build -t {prepared.tag} {output}")
+    runtime_base, context = _prepare_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
+                                                  engine.try_connect(), ui, refresh)  # fmt: skip
+    write(context, output)
+    print(f"wrote {output}/Dockerfile; build it with: docker build -t {runtime_base.tag} {output}")
 
 
-@app.command()
-def inspect(
+@app.command("inspect")
+def inspect_cmd(
     image: str = typer.Argument(..., help="Image reference or id."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """The gpux labels of a built image."""
-    info = engine.image_labels(engine.connect(), image)
+    from gpux_pack.engine import image_labels
+
+    found = image_labels.read(engine.connect(), image, built_by_us=False)
+    info = {"image": image, "id": found.id, "size_bytes": found.size_bytes, "labels": found.shown}
     if json_out:
         print(json.dumps(info, indent=2))
         return
@@ -703,19 +666,19 @@ def inspect(
         print(f"  {key}: {value}")
 
 
-@app.command()
-def schema(
+@app.command("schema")
+def schema_cmd(
     of: str = typer.Option("gpux.yml", "--of", help="gpux.yml, or build-summary (what build --json prints)."),
 ) -> None:
     """Print the JSON Schema of gpux.yml (for editors and linters) or of build --json."""
     if of == "build-summary":
-        from gpux_pack.summary import schema as summary_schema
+        from gpux_pack.commands import summary
 
-        print(json.dumps(summary_schema(), indent=2))
+        print(json.dumps(summary.json_schema(), indent=2))
         return
     if of != "gpux.yml":
         raise typer.BadParameter(f"{of!r}: expected gpux.yml or build-summary", param_hint="--of")
-    from gpux_pack.config import json_schema
+    from gpux_pack.project.config import json_schema
 
     print(json.dumps(json_schema(), indent=2))
 

@@ -1,24 +1,33 @@
-"""Every decision of a build, made once: config + model + provider + base image -> Plan.
+"""Every decision of a build, made once: config + model + provider + base image facts -> Plan,
+and provider + base image facts -> RuntimeBase (what `gpux-pack base build` makes, and what a
+model image builds on). One set of checks for both.
 
-Later stages (render, context, build) only read the plan; they decide nothing.
+Later stages (install, Dockerfile, context, image) only turn a plan into bytes; they decide
+nothing. What the plan decides: the tag, the base image and whether it fits (Python, glibc,
+platform), the link check's place, the warmup and the devices a baked warmup gets, the
+requirements, the runtime base image's content-addressed tag, both label sets, gpux.json
+(session options and TensorRT profiles included), and whether an image's Dockerfile runs
+anything (so it can be assembled on the host instead of built).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import unicodedata
 from dataclasses import dataclass, replace
-from pathlib import Path
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any
 
-from gpux_pack import __version__
+from gpux_pack import __version__, sources
 from gpux_pack.errors import ModelError, UsageError
-from gpux_pack.model import ModelInfo, Signature
-from gpux_pack.project import Project
-from gpux_pack.providers import BaseImage, Provider, base_for
+from gpux_pack.project.load import Project
+from gpux_pack.project.model import ModelInfo, Signature
+from gpux_pack.providers import (CACHE, CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, Devices, HostInfo, Provider, base_for,
+                                 devices_for)
 from gpux_pack.reference import parse_reference
 from gpux_pack.runtime import warm
 from gpux_pack.wheels import ARCHES, IMAGE_SITE, INSTALL_FORMAT, Lock, Target
@@ -29,7 +38,8 @@ CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by USER, so a volume mou
 BAKED_DIR = warm.BAKED_DIR  # caches `gpux-pack warmup` bakes in, where the runtime looks for them
 PYTHON = "python3"  # the base image's own interpreter, found on PATH
 GRPC_REQUIREMENTS = ("grpcio>=1.60", "protobuf>=4.25")  # with serving.grpc_port (onnxruntime brings protobuf)
-USER = "10001:10001"  # numeric: works on any base, needs no useradd in the final stage
+UID = 10001  # the image's user: numeric, so it works on any base and needs no useradd
+USER = f"{UID}:{UID}"
 DEFAULT_TAG = "{name}:{version}-{provider}"
 
 
@@ -65,18 +75,87 @@ def image_config(provider: Provider) -> ImageConfig:
 
 @dataclass(frozen=True)
 class Options:
-    """What the command line adds to gpux.yml."""
+    """What the command line (and the Docker host) add to gpux.yml."""
 
     tag: str | None = None
     base_image: str | None = None
     platform: str | None = None
-    warmup: str | None = None  # auto | always | never
-    host_has_gpu: bool = False
+    warmup: str | None = None  # the setting asked for: auto | always | never (the plan's warmup is its mode)
+    host: HostInfo | None = None  # the Docker host's devices, when known: a baked warmup needs the accelerator
     multi_platform: bool = False  # one of several platforms joined by an index under the tag
 
 
 @dataclass(frozen=True)
+class RuntimeBase:
+    """A provider's runtime base image: base image -> installed packages -> runtime, no model.
+    Its tag is content-addressed, so an image of that tag is the one this plan would make."""
+
+    provider: Provider
+    base: BaseImage
+    platform: str
+    link_check: str  # host | image | off: see link_check_mode
+    nvidia_libs: str  # wheels | base
+    lock: Lock | None = None  # set by with_lock
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return self.provider.requirements(self.nvidia_libs)
+
+    @property
+    def target(self) -> Target:
+        return Target(self.base.python, self.base.arch, self.base.glibc)
+
+    @property
+    def ort_version(self) -> str:
+        """The locked onnxruntime's version (the table's before the lock)."""
+        return (self.lock.version_of(self.provider.ort) if self.lock else None) or self.provider.version
+
+    @cached_property
+    def tag(self) -> str:
+        """A digest of everything that makes it: base image, lock, install format, link check,
+        templates, runtime sources, gpux-pack version."""
+        assert self.lock is not None, "the tag names the lock: plan.with_lock first"
+        h = hashlib.sha256()
+        parts = [__version__, INSTALL_FORMAT, self.provider.name, self.base.image, self.base.id, self.base.python,
+                 self.link_check, self.lock.target.describe()]  # fmt: skip
+        parts += [f"{pin.name}=={pin.version}" for pin in self.lock.pins]
+        h.update("\n".join(parts).encode())
+        for name, data in sources.shipped():
+            h.update(name.encode() + b"\0" + data)
+        return f"gpux-pack/runtime-{self.provider.name}:{self.ort_version}-{h.hexdigest()[:12]}"
+
+    @property
+    def config(self) -> ImageConfig:
+        return image_config(self.provider)
+
+    @property
+    def apt_packages(self) -> tuple[str, ...]:
+        return self.base.apt_packages()
+
+    @property
+    def runs_nothing(self) -> bool:
+        """Its Dockerfile has no RUN (no apt step, no link check in the image): it can be
+        assembled on the host instead of built."""
+        return not self.apt_packages and self.link_check != "image"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        provider = self.provider
+        return {
+            "org.opencontainers.image.title": f"gpux runtime for {provider.name}",
+            "org.opencontainers.image.description": f"{provider.ort} {provider.version} and the gpux runtime, "
+                                                    "without a model",
+            "org.opencontainers.image.base.name": self.base.image,
+            "io.gpux.provider": provider.name,
+            "io.gpux.onnxruntime.version": provider.version,
+            "io.gpux.pack.version": __version__,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Plan:
+    """A model image: a model and its gpux.json on its provider's runtime base image."""
+
     project: Project
     model: ModelInfo
     signature: Signature
@@ -85,13 +164,14 @@ class Plan:
     base: BaseImage
     platform: str
     tag: str
-    warmup: str  # none | at-start | baked
+    warmup: str  # the mode: none | at-start | baked (the setting was auto | always | never)
+    warm_devices: Devices  # what a baked warmup's container gets
     created: str
     nvidia_libs: str  # wheels | base
     link_check: str  # host | image | off: see link_check_mode
     index_tag: str | None = None  # several platforms: the index's tag (tag is this platform's)
     lock: Lock | None = None  # set by with_lock, once the wheels are resolved for target
-    runtime_base: str = ""  # the tag of the runtime base image the model image builds on
+    runtime_base_present: bool = False  # the engine has the runtime base image: only the model is made
 
     @property
     def name(self) -> str:
@@ -102,23 +182,58 @@ class Plan:
         return self.project.config.version
 
     @property
+    def config(self) -> Any:
+        return self.project.config
+
+    @property
     def target(self) -> Target:
         return Target(self.base.python, self.base.arch, self.base.glibc)
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        grpc = GRPC_REQUIREMENTS if self.project.config.serving.grpc_port else ()
-        return (*self.provider.requirements(self.nvidia_libs), *grpc, *self.project.config.pack.requirements)
+        grpc = GRPC_REQUIREMENTS if self.config.serving.grpc_port else ()
+        return (*self.provider.requirements(self.nvidia_libs), *grpc, *self.config.pack.requirements)
 
     @property
     def port(self) -> int:
-        return self.project.config.serving.port
+        return self.config.serving.port
 
     @property
     def ports(self) -> tuple[int, ...]:
         """What the image EXPOSEs: HTTP, and gRPC when serving.grpc_port is set."""
-        grpc = self.project.config.serving.grpc_port
+        grpc = self.config.serving.grpc_port
         return (self.port, grpc) if grpc else (self.port,)
+
+    @property
+    def ort_version(self) -> str:
+        """The locked onnxruntime's version; "unknown" before the lock."""
+        return (self.lock.version_of(self.provider.ort) if self.lock else None) or "unknown"
+
+    @cached_property
+    def runtime_base(self) -> RuntimeBase:
+        """The runtime base image it builds on (made from this plan's lock)."""
+        return RuntimeBase(self.provider, self.base, self.platform, self.link_check, self.nvidia_libs, self.lock)
+
+    @property
+    def makes_runtime_base(self) -> bool:
+        return not self.runtime_base_present
+
+    @cached_property
+    def labels(self) -> dict[str, str]:
+        return labels(self)
+
+    @cached_property
+    def tensorrt_profiles(self) -> dict[str, dict[str, list[int]]]:
+        """Only a TensorRT session has optimization profiles."""
+        return tensorrt_profiles(self.config, self.signature.inputs) if self.provider.name == "tensorrt" else {}
+
+    @cached_property
+    def session_options(self) -> list[list[Any]]:
+        return session_options(self.provider, self.config, self.tensorrt_profiles)
+
+    @cached_property
+    def gpux_json(self) -> dict[str, Any]:
+        return gpux_json(self)
 
 
 def choose_base(project: Project, provider: Provider, options: Options) -> BaseImage:
@@ -148,10 +263,51 @@ def make_plan(
     base: BaseImage,
     options: Options,
 ) -> Plan:
+    """A model image's plan, before its wheels are resolved (with_lock)."""
     cfg = project.config
     check_model_for(model, provider)
     if cfg.pack.python and base.probed and cfg.pack.python != base.python:
         raise project.error(("pack", "python"), f"is {cfg.pack.python} but {base.image} has Python {base.python}")
+    platform = check_base(provider, base, options.platform)
+    tag = image_tag(project, provider.name, options.tag)
+    index_tag = None
+    if options.multi_platform:  # each platform's image under <tag>-<arch>, the index under <tag>
+        repo, name = parse_reference(tag).repository_tag
+        index_tag, tag = f"{repo}:{name}", image_tag(project, provider.name, f"{repo}:{name}-{platform.split('/')[1]}")
+    warmup = warmup_mode(options.warmup or cfg.pack.warmup, provider, options.host)
+    on_device = options.host is not None and options.host.has(provider.device)
+    return Plan(
+        project=project,
+        model=model,
+        signature=signature,
+        provider=provider,
+        reason=reason,
+        base=base,
+        platform=platform,
+        tag=tag,
+        index_tag=index_tag,
+        warmup=warmup,
+        warm_devices=devices_for(provider) if warmup == "baked" and on_device else Devices(),
+        created=created_now(),
+        nvidia_libs=cfg.pack.nvidia_libs or base.nvidia_libs,
+        link_check=link_check_mode(cfg.pack.link_check, base),
+    )
+
+
+def plan_runtime_base(provider: Provider, base: BaseImage, platform: str | None, link_check: bool,
+                      nvidia_libs: str | None = None) -> RuntimeBase:
+    """A runtime base image on its own (`gpux-pack base build|render`): the same checks as a
+    model image's base, before its wheels are resolved (with_lock). nvidia_libs: --nvidia-libs,
+    else the base image's."""
+    base = replace(base, nvidia_libs=nvidia_libs) if nvidia_libs else base
+    return RuntimeBase(provider, base, check_base(provider, base, platform), link_check_mode(link_check, base),
+                       base.nvidia_libs)  # fmt: skip
+
+
+def check_base(provider: Provider, base: BaseImage, platform: str | None) -> str:
+    """The base image must carry a Python the runtime and the provider's wheels support, a
+    glibc the wheels' manylinux floor allows, and be of the platform asked for, which the
+    provider must ship for. Returns the platform (the base's own when none was asked for)."""
     version = _version(base.python)
     if version < (3, 11):
         raise UsageError(f"{base.image} has Python {base.python}; the image's runtime needs Python 3.11 or newer")
@@ -163,34 +319,15 @@ def make_plan(
     if base.glibc < provider.min_glibc:
         need = ".".join(map(str, provider.min_glibc))
         raise UsageError(
-            f"{base.image} has glibc {base.glibc[0]}.{base.glibc[1]}; {provider.package} needs glibc {need} or newer"
+            f"{base.image} has glibc {base.glibc[0]}.{base.glibc[1]}; {provider.pip_requirement} needs glibc {need} or newer"
         )
-    platform = options.platform or {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[base.arch]
+    platform = platform or {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[base.arch]
     if base.probed and ARCHES[platform] != base.arch:
         raise UsageError(f"--platform {platform}: base image {base.image} is for {base.arch}; "
                          "give a base image of that platform with --base-image")
     if platform not in provider.platforms:
         raise UsageError(f"--platform {platform}: {provider.name} images exist for {', '.join(provider.platforms)}")
-    tag = image_tag(project, provider.name, options.tag)
-    index_tag = None
-    if options.multi_platform:  # each platform's image under <tag>-<arch>, the index under <tag>
-        repo, name = parse_reference(tag).repository_tag
-        index_tag, tag = f"{repo}:{name}", image_tag(project, provider.name, f"{repo}:{name}-{platform.split('/')[1]}")
-    return Plan(
-        project=project,
-        model=model,
-        signature=signature,
-        provider=provider,
-        reason=reason,
-        base=base,
-        platform=platform,
-        tag=tag,
-        index_tag=index_tag,
-        warmup=warmup_mode(options.warmup or cfg.pack.warmup, provider, options.host_has_gpu),
-        created=_created(),
-        nvidia_libs=cfg.pack.nvidia_libs or base.nvidia_libs,
-        link_check=link_check_mode(cfg.pack.link_check, base),
-    )
+    return platform
 
 
 def link_check_mode(enabled: bool, base: BaseImage) -> str:
@@ -204,28 +341,12 @@ def link_check_mode(enabled: bool, base: BaseImage) -> str:
     return "image" if base.system_packages else "host"
 
 
-def with_lock(plan: Plan, lock: Lock) -> Plan:
-    """The plan once its wheels are resolved: the lock, and the runtime base image it implies."""
-    return replace(plan, lock=lock, runtime_base=runtime_base_tag(plan.provider, plan.base, plan.link_check, lock))
-
-
-def runtime_base_tag(provider: Provider, base: BaseImage, link_check: str, lock: Lock) -> str:
-    """Content-addressed tag of a provider's runtime base image: a digest of everything that
-    makes it (base image, lock, install format, link check, templates, runtime sources, gpux-pack
-    version), so
-    an existing image of that tag is the one this build would make."""
-    from gpux_pack.render import templates_dir  # render imports plan
-
-    h = hashlib.sha256()
-    parts = [__version__, INSTALL_FORMAT, provider.name, base.image, base.id, base.python, link_check,
-             lock.target.describe()]
-    parts += [f"{pin.name}=={pin.version}" for pin in lock.pins]
-    h.update("\n".join(parts).encode())
-    runtime = Path(__file__).resolve().parent / "runtime"
-    for src in [*sorted(runtime.glob("*.py")), *sorted(templates_dir().glob("*.j2"))]:
-        h.update(src.name.encode() + b"\0" + src.read_bytes())
-    version = lock.version_of(provider.ort) or provider.version
-    return f"gpux-pack/runtime-{provider.name}:{version}-{h.hexdigest()[:12]}"
+def with_lock(plan: Any, lock: Lock, runtime_base_present: bool = False) -> Any:
+    """A Plan or RuntimeBase once its wheels are resolved; a Plan also learns whether the engine
+    already has the runtime base image that lock implies (then only the model is made)."""
+    if isinstance(plan, Plan):
+        return replace(plan, lock=lock, runtime_base_present=runtime_base_present)
+    return replace(plan, lock=lock)
 
 
 def check_model_for(model: ModelInfo, provider: Provider) -> None:
@@ -251,14 +372,15 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split("."))
 
 
-def warmup_mode(setting: str, provider: Provider, host_has_gpu: bool) -> str:
-    """never -> none; always -> baked; auto -> baked for TensorRT on a GPU host (its engines
-    take minutes to build), else at-start (one warmup inference before reporting ready)."""
+def warmup_mode(setting: str, provider: Provider, host: HostInfo | None) -> str:
+    """never -> none; always -> baked; auto -> baked for a provider whose row says so
+    (TensorRT: its engines take minutes to build) on a host with its device, else at-start
+    (one warmup inference before reporting ready)."""
     if setting == "never":
         return "none"
     if setting == "always":
         return "baked"
-    return "baked" if provider.name == "tensorrt" and host_has_gpu else "at-start"
+    return "baked" if provider.warmup_bakes and host is not None and host.has(provider.device) else "at-start"
 
 
 def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
@@ -301,10 +423,6 @@ def _default_tag_error(project: Project, fields: dict[str, str], tag: str) -> Us
 
 
 def created_now() -> str:
-    return _created()
-
-
-def _created() -> str:
     """Build time, or SOURCE_DATE_EPOCH for reproducible builds."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     if not epoch:
@@ -329,7 +447,7 @@ def label_value(text: str) -> str:
     return " ".join("".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text).split())
 
 
-def labels(plan: Plan, ort_version: str) -> dict[str, str]:
+def labels(plan: Plan) -> dict[str, str]:
     """The image's labels, each value through label_value (user text: description, pack.labels)."""
     cfg = plan.project.config
     out = {
@@ -342,7 +460,7 @@ def labels(plan: Plan, ort_version: str) -> dict[str, str]:
         "io.gpux.model.version": cfg.model.version or cfg.version,
         "io.gpux.model.sha256": plan.model.sha256,
         "io.gpux.provider": plan.provider.name,
-        "io.gpux.onnxruntime.version": ort_version,
+        "io.gpux.onnxruntime.version": plan.ort_version,
         "io.gpux.pack.version": __version__,
         "io.gpux.warmup": plan.warmup,
         "io.gpux.port": str(plan.port),
@@ -388,10 +506,10 @@ def tensorrt_profiles(cfg: Any, inputs: Any) -> dict[str, dict[str, list[int]]]:
     return out
 
 
-def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version: str) -> dict[str, Any]:
+def gpux_json(plan: Plan) -> dict[str, Any]:
     """gpux.json: everything the image's runtime needs, so it never reads YAML."""
-    cfg = plan.project.config
-    profiles = tensorrt_profiles(cfg, plan.signature.inputs) if plan.provider.name == "tensorrt" else {}
+    cfg = plan.config
+    provider = plan.provider
     return {
         "format": 1,
         "name": cfg.name,
@@ -409,23 +527,26 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
         # accepted on /predict and v2 infer, not listed: initializers the graph lists as inputs
         "overridable_inputs": [t.to_json() for t in plan.signature.overridable],
         "outputs": [t.to_json() for t in plan.signature.outputs],
-        "provider": plan.provider.name,
-        "execution_providers": execution_providers,
+        "provider": provider.name,
+        "execution_providers": plan.session_options,
+        # the provider table's names, for GPUX_PROVIDERS, and the EPs that run on the CPU's cores
+        "provider_names": EP_NAMES,
+        "cpu_providers": list(CPU_EPS),
         # a plugin EP: the module whose library the runtime registers, and the device it asks for
-        "plugin": {"ep": plan.provider.execution_providers[0], "module": plan.provider.plugin,
-                   "device": cfg.pack.openvino.device} if plan.provider.plugin else None,
-        "ep_context": plan.provider.ep_context,  # compile into an EP context model (runtime/warm.py)
+        "plugin": {"ep": provider.ep, "module": provider.plugin, "device": cfg.pack.openvino.device}
+        if provider.plugin else None,
+        "ep_context": provider.ep_context,  # compile into an EP context model (runtime/warm.py)
         # to explain a fallback: the provider's libraries, and what `docker run` needs for its device
         "libraries": {
-            "libs": list(plan.provider.libraries),
-            "dlopen": list(plan.provider.dlopen),
-            "dirs": list(plan.provider.library_dirs),
-            "driver": list(plan.provider.driver_libs),
+            "libs": list(provider.libraries),
+            "dlopen": list(provider.dlopen),
+            "dirs": list(provider.library_dirs),
+            "driver": list(provider.driver_libs),
         },
-        "run_flags": plan.provider.run_flags,
-        "onnxruntime": ort_version,
+        "run_flags": provider.run_flags,
+        "onnxruntime": plan.ort_version,
         "warmup": plan.warmup,
-        "warmup_profiles": profiles,
+        "warmup_profiles": plan.tensorrt_profiles,
         "accuracy": cfg.pack.accuracy.model_dump() if cfg.pack.accuracy else None,
         "runtime": {
             "timeout": cfg.runtime.timeout,
@@ -443,3 +564,47 @@ def runtime_config(plan: Plan, execution_providers: list[list[Any]], ort_version
         "metadata": cfg.metadata,
         "pack_version": __version__,
     }
+
+
+def session_options(provider: Provider, config: Any, profiles: dict[str, dict[str, list[int]]]) -> list[list[Any]]:
+    """[[EP name, options], ...] for gpux.json: the table's defaults, then runtime.gpu,
+    pack.tensorrt (with the plan's TensorRT profiles), pack.openvino, pack.device_id and
+    pack.provider_options. Values are strings, as ONNX Runtime parses them."""
+    gpu, trt = config.runtime.gpu, config.pack.tensorrt
+    out = []
+    for ep in provider.execution_providers:
+        opts = dict(provider.options.get(ep, {}))
+        if gpu.memory and ep in MEMORY_OPTION:
+            opts[MEMORY_OPTION[ep]] = str(gpu.memory)
+        if ep == "TensorrtExecutionProvider":
+            opts["trt_fp16_enable"] = _flag(trt.fp16)
+            opts["trt_int8_enable"] = _flag(trt.int8)
+            if trt.workspace:
+                opts["trt_max_workspace_size"] = str(trt.workspace)
+            for point in ("min", "opt", "max") if profiles else ():
+                opts[f"trt_profile_{point}_shapes"] = ",".join(
+                    f"{name}:{'x'.join(str(d) for d in p[point])}" for name, p in profiles.items()
+                )
+            if trt.ep_context:  # a later start loads the engine from this model, skipping the builder
+                opts["trt_dump_ep_context_model"] = "true"
+                opts["trt_ep_context_file_path"] = f"{CACHE}/{warm.CONTEXT_MODEL}"
+                opts["trt_ep_context_embed_mode"] = "1"
+        if ep == "OpenVINOExecutionProvider":  # the plugin reads its settings from load_config only
+            ov = config.pack.openvino
+            settings = {} if ov.precision == "auto" else {"INFERENCE_PRECISION_HINT": ov.precision}
+            opts["load_config"] = json.dumps({ov.device: settings}, sort_keys=True)
+        if "device_id" in opts:
+            opts["device_id"] = str(config.pack.device_id)
+        short = next((k for k, v in EP_NAMES.items() if v == ep), ep)
+        for key in (ep, short):
+            opts.update({k: _text(v) for k, v in config.pack.provider_options.get(key, {}).items()})
+        out.append([ep, opts])
+    return out
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _text(value: Any) -> str:
+    return _flag(value) if isinstance(value, bool) else str(value)

@@ -1,19 +1,19 @@
 """The execution-provider table, and the choice of a provider for a build.
 
-A provider is data: one `Provider` row plus a small template in templates/. Versions, base
-images and libraries live here, not in templates, so a new ONNX Runtime release is a one-line
-change. Facts are from the wheels' METADATA and `readelf -d` of their provider libraries
+A provider is data: one `Provider` row (plus a template only where its Dockerfile differs).
+Versions, base images, libraries and the accelerator a container needs (the `Device` rows:
+Docker flags, Compose entries, Kubernetes resources) live here, not in templates or commands,
+so a new ONNX Runtime release is a one-line change and a new provider one row. Facts are from the wheels' METADATA and `readelf -d` of their provider libraries
 (Nov 2026); none of the GPU rows has run on a GPU in this project's CI.
 """
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpux_pack.errors import UsageError
-from gpux_pack.runtime.dtypes import SHORT_NAMES
 from gpux_pack.runtime.warm import no_device
 
 # What the image's runtime imports besides onnxruntime (kept tiny: the runtime is slim).
@@ -26,6 +26,48 @@ CACHE = "${GPUX_CACHE_DIR}"  # expanded by the runtime: the container's own cach
 NVIDIA_DRIVER = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvcuvid.so.1", "libnvidia-ptxjitcompiler.so.1")
 NVIDIA_ENV = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
 NVIDIA_WHEEL_LIBS = ("nvidia/*/lib", "tensorrt_libs")  # nvidia/cu13/lib, nvidia/cudnn/lib, ...
+
+
+@dataclass(frozen=True)
+class Device:
+    """An accelerator, and how each runtime hands it to a container."""
+
+    name: str  # nvidia | amd | intel
+    need: str  # "needs ..." / "has ..." in what `providers` and `run` say
+    host_field: str  # the HostInfo flag that says the Docker host has it
+    auto: str  # the provider `auto` picks on a host that has it
+    found: str  # why `auto` picked it ({details}: the host's details)
+    gpus: str | None = None  # docker run --gpus (the NVIDIA runtime or CDI)
+    devices: tuple[str, ...] = ()  # docker run --device
+    groups: tuple[str, ...] = ()  # docker run --group-add
+    kubernetes: str = ""  # the resource name its Kubernetes device plugin offers
+
+    @property
+    def run_flags(self) -> str:
+        return " ".join([*([f"--gpus {self.gpus}"] if self.gpus else []), *(f"--device {d}" for d in self.devices),
+                         *(f"--group-add {g}" for g in self.groups)])  # fmt: skip
+
+
+DEVICES: dict[str, Device] = {
+    d.name: d
+    for d in (
+        Device("nvidia", "an NVIDIA GPU (nvidia runtime or CDI)", "nvidia", "cuda",
+               "exposes an NVIDIA GPU ({details})", gpus="all", kubernetes="nvidia.com/gpu"),
+        Device("amd", "an AMD GPU (/dev/kfd)", "amd", "rocm", "has an AMD GPU (/dev/kfd)",
+               devices=("/dev/kfd", "/dev/dri"), groups=("video",), kubernetes="amd.com/gpu"),
+        Device("intel", "an Intel GPU (/dev/dri)", "intel_gpu", "openvino", "has an Intel GPU (/dev/dri)",
+               devices=("/dev/dri",), kubernetes="gpu.intel.com/i915"),
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Devices:
+    """What one container gets: --gpus, --device and --group-add."""
+
+    gpus: str | None = None  # "all" or a count
+    devices: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,7 +88,7 @@ class BaseImage:
     rootfs: str = ""  # its exported root filesystem on the host (what the link check reads)
     ld_library_path: tuple[str, ...] = ()  # its LD_LIBRARY_PATH, from the image config
 
-    def packages(self) -> tuple[str, ...]:
+    def apt_packages(self) -> tuple[str, ...]:
         """apt packages the image needs on this base: python3 where the base lacks it."""
         return (*(() if self.has_python else ("python3",)), *self.system_packages)
 
@@ -69,8 +111,9 @@ class Provider:
     dlopen: tuple[str, ...] = ()  # loaded at run time by name: must resolve too
     library_dirs: tuple[str, ...] = ()  # site-packages globs the runtime preloads from
     driver_libs: tuple[str, ...] = ()  # come from the host's driver at `docker run`
-    device: str | None = None  # nvidia | amd | intel
-    run_flags: str = ""  # what `docker run` needs for the device
+    device: str | None = None  # a DEVICES key: the accelerator its containers need
+    run_note: str = ""  # what `docker run` needs, for a provider whose device is optional
+    warmup_bakes: bool = False  # warmup auto bakes its caches at build time on a host with the device
     cuda: str | None = None  # CUDA major version of this flavour
     # The TensorRT its TensorRT provider library was built with: the link check fails on an older
     # libnvinfer. Measured: the version the library passes to createInferBuilder_INTERNAL (objdump -d).
@@ -89,6 +132,16 @@ class Provider:
     onnx_opset: int = field(kw_only=True)
     onnx_ml_opset: int = field(kw_only=True)
 
+    @property
+    def ep(self) -> str:
+        """Its ONNX Runtime execution provider (the first; CPU comes last)."""
+        return self.execution_providers[0]
+
+    @property
+    def run_flags(self) -> str:
+        """What `docker run` needs for the device."""
+        return DEVICES[self.device].run_flags if self.device else self.run_note
+
     def requirement(self, nvidia_libs: str = "wheels") -> str:
         extras = f"[{','.join(self.extras)}]" if self.extras and nvidia_libs == "wheels" else ""
         return f"{self.ort}{extras}=={self.version}"
@@ -97,7 +150,8 @@ class Provider:
         return (self.requirement(nvidia_libs), *self.extra_requirements, *RUNTIME_REQUIREMENTS)
 
     @property
-    def package(self) -> str:
+    def pip_requirement(self) -> str:
+        """Its onnxruntime distribution, pinned, as pip names it."""
         return self.requirement()
 
     @property
@@ -160,7 +214,6 @@ PROVIDERS: dict[str, Provider] = {
             library_dirs=NVIDIA_WHEEL_LIBS,
             driver_libs=NVIDIA_DRIVER,
             device="nvidia",
-            run_flags="--gpus all",
             env=NVIDIA_ENV,
             cuda="13",
             link_hint="take CUDA and cuDNN from NVIDIA's wheels (pack.nvidia_libs: wheels) or use --base-image vendor",
@@ -188,10 +241,10 @@ PROVIDERS: dict[str, Provider] = {
             library_dirs=NVIDIA_WHEEL_LIBS,
             driver_libs=NVIDIA_DRIVER,
             device="nvidia",
-            run_flags="--gpus all",
             env=NVIDIA_ENV,
             cuda="13",
             link_hint=f"use NVIDIA's TensorRT container {_TRT_BASE} or newer as the base image",
+            warmup_bakes=True,  # its engines take minutes to build
         ),
         Provider(
             name="rocm",
@@ -211,7 +264,6 @@ PROVIDERS: dict[str, Provider] = {
             libraries=("libonnxruntime_providers_rocm.so",),
             link_hint="use a ROCm 7.2 base image such as rocm/dev-ubuntu-24.04:7.2",
             device="amd",
-            run_flags="--device /dev/kfd --device /dev/dri --group-add video",
         ),
         Provider(
             name="migraphx",
@@ -229,7 +281,6 @@ PROVIDERS: dict[str, Provider] = {
             libraries=("libonnxruntime_providers_migraphx.so",),
             link_hint="use a ROCm 7.2 base image with the migraphx package",
             device="amd",
-            run_flags="--device /dev/kfd --device /dev/dri --group-add video",
         ),
         Provider(
             name="openvino",
@@ -250,7 +301,7 @@ PROVIDERS: dict[str, Provider] = {
             bases={"default": BaseImage("python:3.11-slim", "3.11", (2, 36))},
             libraries=("onnxruntime_ep_openvino/libonnxruntime_providers_openvino_plugin.so",
                        "onnxruntime_ep_openvino/libopenvino_intel_cpu_plugin.so"),
-            run_flags="(Intel GPU: --device /dev/dri)",
+            run_note="(Intel GPU: --device /dev/dri)",
         ),
     )
 }
@@ -282,7 +333,19 @@ CUDA12: dict[str, dict[str, Any]] = {
     },
 }
 
-assert set(PROVIDERS) == set(SHORT_NAMES), "one provider-name table: runtime/dtypes.SHORT_NAMES"
+# Short provider names (gpux.yml, --provider, GPUX_PROVIDERS) -> ONNX Runtime execution providers.
+# The image's runtime gets this table in gpux.json (plan.gpux_json): one table for both sides.
+EP_NAMES: dict[str, str] = {name: row.ep for name, row in PROVIDERS.items()}
+# EPs that run on the CPU's cores: the runtime gives them one worker and every core.
+CPU_EPS: tuple[str, ...] = tuple(row.ep for row in PROVIDERS.values() if row.device is None)
+# What AMD's and NVIDIA's providers call a memory limit (runtime.gpu.memory).
+MEMORY_OPTION: dict[str, str] = {"CUDAExecutionProvider": "gpu_mem_limit", "ROCMExecutionProvider": "gpu_mem_limit",
+                                 "MIGraphXExecutionProvider": "migraphx_mem_limit"}  # fmt: skip
+
+
+def names_help(several: bool = True) -> str:
+    """The --provider help: every row's name, from the table."""
+    return f"auto, {', '.join(PROVIDERS)}" + ("; several: cpu,openvino." if several else ".")
 
 # GPUX backends that name no Linux execution provider: rejected with a reason.
 NOT_FOR_LINUX: dict[str, str] = {
@@ -334,14 +397,12 @@ class HostInfo:
             return False, refusal
         if provider.device is None:
             return True, "needs no accelerator"
-        has = {"nvidia": self.nvidia, "amd": self.amd, "intel": self.intel_gpu}[provider.device]
-        need = {
-            "nvidia": "an NVIDIA GPU (nvidia runtime or CDI)",
-            "amd": "an AMD GPU (/dev/kfd)",
-            "intel": "an Intel GPU (/dev/dri)",
-        }[provider.device]
-        return (True, f"has {need}") if has else (False, f"needs {need}")
+        device = DEVICES[provider.device]
+        return (True, f"has {device.need}") if self.has(device.name) else (False, f"needs {device.need}")
 
+    def has(self, device: str | None) -> bool:
+        """Whether containers here can get this accelerator (a DEVICES key)."""
+        return device is not None and bool(getattr(self, DEVICES[device].host_field))
 
     def plugin_refusal(self, provider: Provider, device: str = "CPU") -> str:
         """The runtime's own line when the provider's plugin would offer no device here (it
@@ -349,7 +410,7 @@ class HostInfo:
         vendor, model = self.cpu
         if not provider.plugin or not vendor or vendor == "GenuineIntel" or device != "CPU":
             return ""
-        return no_device(provider.execution_providers[0], device, [], vendor, model)
+        return no_device(provider.ep, device, [], vendor, model)
 
 
 @dataclass(frozen=True)
@@ -361,14 +422,14 @@ class Decision:
 
 def provider_name(raw: str) -> str:
     """'OpenVINO ' -> 'openvino'. The one check of a provider name, for pack.providers and
-    --provider alike (the runtime reads the same SHORT_NAMES table for GPUX_PROVIDERS)."""
+    --provider alike (the runtime reads the same EP_NAMES table, from gpux.json, for GPUX_PROVIDERS)."""
     if not isinstance(raw, str):
         raise ValueError(f"{raw!r} is not a provider name")
     item = raw.strip().lower()
-    if item and item != "auto" and item not in SHORT_NAMES:
+    if item and item != "auto" and item not in PROVIDERS:
         shown = ascii(raw) if not raw.isprintable() else f"'{raw}'"
         hint = f"; {NOT_FOR_LINUX[item]}" if item in NOT_FOR_LINUX else ""
-        raise ValueError(f"unknown provider {shown} (choose from auto, {', '.join(SHORT_NAMES)}){hint}")
+        raise ValueError(f"unknown provider {shown} (choose from auto, {', '.join(PROVIDERS)}){hint}")
     return item
 
 
@@ -400,63 +461,22 @@ def decide(
         return Decision((backend,), f"runtime.gpu.backend is {backend}")
     if host is None:
         return Decision(("cpu",), "auto: the Docker host could not be inspected, so cpu", True)
-    if host.nvidia:
-        return Decision(("cuda",), f"auto: the Docker host exposes an NVIDIA GPU ({host.details})", True)
-    if host.amd:
-        return Decision(("rocm",), "auto: the Docker host has an AMD GPU (/dev/kfd)", True)
-    if host.intel_gpu:
-        return Decision(("openvino",), "auto: the Docker host has an Intel GPU (/dev/dri)", True)
+    for device in DEVICES.values():  # in the table's order: NVIDIA, AMD, Intel
+        if host.has(device.name):
+            return Decision((device.auto,), "auto: the Docker host " + device.found.format(details=host.details), True)
     return Decision(("cpu",), "auto: the Docker host has no GPU that containers can use, so cpu", True)
 
 
-# ---------------------------------------------------------------------------------------------
-# Session options the image's runtime passes to ONNX Runtime
-
-
-def session_providers(provider: Provider, config, profiles: dict[str, dict[str, list[int]]] | None = None) -> list[list]:
-    """[[EP name, options], ...] for gpux.json: the table's defaults, then runtime.gpu and
-    pack.tensorrt (profiles: plan.tensorrt_profiles, else the config's). Values are strings,
-    as ONNX Runtime parses them."""
-    gpu, trt = config.runtime.gpu, config.pack.tensorrt
-    if profiles is None:
-        profiles = {n: {"min": p.min, "opt": p.opt, "max": p.max} for n, p in trt.profiles.items()}
-    out = []
-    for ep in provider.execution_providers:
-        opts = dict(provider.options.get(ep, {}))
-        if gpu.memory and ep in ("CUDAExecutionProvider", "ROCMExecutionProvider"):
-            opts["gpu_mem_limit"] = str(gpu.memory)
-        if gpu.memory and ep == "MIGraphXExecutionProvider":
-            opts["migraphx_mem_limit"] = str(gpu.memory)
-        if ep == "TensorrtExecutionProvider":
-            opts["trt_fp16_enable"] = _flag(trt.fp16)
-            opts["trt_int8_enable"] = _flag(trt.int8)
-            if trt.workspace:
-                opts["trt_max_workspace_size"] = str(trt.workspace)
-            for point in ("min", "opt", "max") if profiles else ():
-                opts[f"trt_profile_{point}_shapes"] = ",".join(
-                    f"{name}:{'x'.join(str(d) for d in p[point])}" for name, p in profiles.items()
-                )
-            if trt.ep_context:  # a later start loads the engine from this model, skipping the builder
-                opts["trt_dump_ep_context_model"] = "true"
-                opts["trt_ep_context_file_path"] = f"{CACHE}/model_ctx.onnx"  # warm.CONTEXT_MODEL
-                opts["trt_ep_context_embed_mode"] = "1"
-        if ep == "OpenVINOExecutionProvider":  # the plugin reads its settings from load_config only
-            ov = config.pack.openvino
-            settings = {} if ov.precision == "auto" else {"INFERENCE_PRECISION_HINT": ov.precision}
-            opts["load_config"] = json.dumps({ov.device: settings}, sort_keys=True)
-        if "device_id" in opts:
-            opts["device_id"] = str(config.pack.device_id)
-        short = next((k for k, v in SHORT_NAMES.items() if v == ep), ep)
-        for key in (ep, short):
-            opts.update({k: _text(v) for k, v in config.pack.provider_options.get(key, {}).items()})
-        out.append([ep, opts])
-    return out
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def _text(value: Any) -> str:
-    return _flag(value) if isinstance(value, bool) else str(value)
-
+def devices_for(provider: Provider | None, gpus: str | None = None, device: tuple[str, ...] = ()) -> Devices:
+    """The command line's --gpus / --device, else what the provider's accelerator needs."""
+    if gpus is not None and gpus != "all" and not (gpus.isdigit() and 0 < int(gpus) < 1000):
+        raise UsageError(f"--gpus {gpus!r}: expected all or a number of GPUs")
+    for d in device:
+        if not re.fullmatch(r"/dev/[A-Za-z0-9._/-]{1,200}", d) or ".." in d.split("/"):
+            raise UsageError(f"--device {d!r}: expected a device path such as /dev/dri")
+    if gpus or device:
+        return Devices(gpus, tuple(device))
+    if provider is None or provider.device is None:
+        return Devices()
+    row = DEVICES[provider.device]
+    return Devices(row.gpus, row.devices, row.groups)

@@ -1,4 +1,5 @@
-"""Cache entries made by several builds at once, and by builds that are interrupted.
+"""gpux-pack's cache folder, and its entries made by several builds at once or by builds that
+are interrupted.
 
 An entry is made under a temporary name next to it (.NAME.PID-TOKEN.tmp) and renamed into
 place when complete: a reader sees the whole entry or none, and an entry is never replaced
@@ -16,11 +17,30 @@ import os
 import re
 import secrets
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 # .NAME.PID.tmp, .NAME.PID-TOKEN.tmp, and the older .NAME.PID.TOKEN.tmp (tempfile.mkdtemp)
+def cache_dir() -> Path:
+    """GPUX_PACK_CACHE_DIR, else $XDG_CACHE_HOME/gpux-pack, else ~/.cache/gpux-pack."""
+    if os.environ.get("GPUX_PACK_CACHE_DIR"):
+        return Path(os.environ["GPUX_PACK_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpux-pack"
+
+
+def touch(path: Path) -> None:
+    """Mark a cache entry as used now (`gpux-pack cache prune` removes the unused): a folder's
+    modification time (listing it would move its access time), a file's access time (the
+    wheel hash index keys on the modification time)."""
+    try:
+        os.utime(path) if path.is_dir() else os.utime(path, (time.time(), path.stat().st_mtime))
+    except OSError:
+        pass
+
+
 _TMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)(?:[-.][0-9a-z_]+)?\.tmp$")
 
 

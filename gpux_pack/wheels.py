@@ -1,12 +1,14 @@
-"""The image's Python wheels, resolved and downloaded on the host.
+"""The image's Python wheels: resolved, downloaded and installed on the host.
 
-Inside `docker build` the network is not trusted (proxies, TLS interception, air-gapped CI),
-so the build installs from a wheelhouse in the context with `--no-index --require-hashes`.
+Nothing is installed inside the image: the build sends (or assembles) the installed tree as a
+layer, so `docker build` needs no network and runs no pip.
 
 - resolve: `uv pip compile` for the image's Python and platform (pip evaluates environment
   markers against the host's interpreter, so it cannot lock for another Python; uv can).
 - fetch: `pip download --no-deps --require-hashes` of exactly those pins (honours pip.conf,
   proxies and private indexes), into a cache shared by every build.
+- install: `uv pip install` of the wheelhouse into a folder laid out as the image's
+  site-packages, trimmed and byte-compiled when this host's Python is the image's.
 Both are cached: an unchanged build needs no network at all.
 """
 
@@ -30,6 +32,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from gpux_pack import staging
+from gpux_pack.staging import cache_dir, touch
 from gpux_pack.errors import WheelError
 
 # uv knows these manylinux targets (uv 0.9-0.13): a newer glibc is served by the newest.
@@ -121,23 +124,6 @@ class Wheelhouse:
         ]
         body = [f"{w.pin.name}=={w.pin.version} --hash=sha256:{w.sha256}" for w in self.wheels]
         return "\n".join(head + body) + "\n"
-
-
-def touch(path: Path) -> None:
-    """Mark a cache entry as used now (`gpux-pack cache prune` removes the unused): a folder's
-    modification time (listing it would move its access time), a file's access time (the
-    wheel hash index keys on the modification time)."""
-    try:
-        os.utime(path) if path.is_dir() else os.utime(path, (time.time(), path.stat().st_mtime))
-    except OSError:
-        pass
-
-
-def cache_dir() -> Path:
-    if os.environ.get("GPUX_PACK_CACHE_DIR"):
-        return Path(os.environ["GPUX_PACK_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpux-pack"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,4 @@
-"""Tensor element types and execution-provider names, shared by the packager and the image's
-runtime. Pure data (no numpy/onnx import) so the packager reads it without the runtime's libraries.
+"""Tensor element types, shared by the packager and the image's runtime. Pure data (no numpy/onnx import) so the packager reads it without the runtime's libraries.
 """
 
 from __future__ import annotations
@@ -43,14 +42,3 @@ def canonical(name: str) -> str | None:
     if key in ALIASES:
         return ALIASES[key]
     return V2_TO_NAME.get(str(name).strip().upper())
-
-
-# Short provider names (gpux.yml, GPUX_PROVIDERS) -> ONNX Runtime execution providers.
-SHORT_NAMES: dict[str, str] = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "rocm": "ROCMExecutionProvider",
-    "migraphx": "MIGraphXExecutionProvider",
-    "openvino": "OpenVINOExecutionProvider",
-}

@@ -176,7 +176,7 @@ async def start(app: Any, port: int, host: str) -> Any:
     async def model_metadata(request: Any, context: Any) -> Any:
         def answer() -> Any:
             check_model(request)
-            meta = app._metadata()
+            meta = app.metadata()
             out = m["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"], platform=meta["platform"])
             for key in ("inputs", "outputs"):
                 for t in meta[key]:
@@ -189,14 +189,14 @@ async def start(app: Any, port: int, host: str) -> Any:
         async def answer() -> Any:
             check_model(request)
             if not app.is_ready():
-                raise RequestError(f"the model is {app._state()}; retry when ServerReady is true", 503)
-            held = app._hold(request.ByteSize())
+                raise RequestError(f"the model is {app.state()}; retry when ServerReady is true", 503)
+            held = app.hold(request.ByteSize())
             try:
                 feeds, names = decode(request, model, app.model.settings.max_request_bytes)
-                outputs = await app._run(feeds, names)
+                outputs = await app.run(feeds, names)
                 return encode(m["ModelInferResponse"], outputs, app.outputs, name, version, request.id)
             finally:
-                app._release(held)
+                app.release(held)
 
         return await guarded(context, answer)
 

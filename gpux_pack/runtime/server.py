@@ -179,7 +179,7 @@ class App:
 
         if path == "/health":
             self._only(method, "GET")
-            return _json(200, {"status": "ready"}) if self.is_ready() else _json(503, {"status": self._state()})
+            return _json(200, {"status": "ready"}) if self.is_ready() else _json(503, {"status": self.state()})
         if path == "/info":
             self._only(method, "GET")
             return _json(200, to_json(model.info()))  # metadata from the model may hold NaN or odd types
@@ -210,7 +210,7 @@ class App:
             rest = m["rest"]
             if rest is None:
                 self._only(method, "GET")
-                return _json(200, self._metadata())
+                return _json(200, self.metadata())
             if rest == "/ready":
                 self._only(method, "GET")
                 return _json(200 if self.is_ready() else 503, {"name": name, "ready": self.is_ready()})
@@ -218,7 +218,7 @@ class App:
             return await self._infer_request(scope, receive, v2=True)
         raise RequestError(f"no such endpoint: {method} {scope['path']}", 404)
 
-    def _state(self) -> str:
+    def state(self) -> str:
         return "draining" if self.draining else "warming up"
 
     @staticmethod
@@ -226,7 +226,7 @@ class App:
         if method != allowed:
             raise RequestError(f"method {method} not allowed here; use {allowed}", 405, allow=allowed)
 
-    def _metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, Any]:
         m = self.model
         return {
             "name": m.spec["name"],
@@ -240,7 +240,7 @@ class App:
 
     async def _infer_request(self, scope: dict[str, Any], receive: Receive, v2: bool) -> Response:
         if not self.is_ready():
-            raise RequestError(f"the model is {self._state()}; retry when /v2/health/ready answers 200", 503)
+            raise RequestError(f"the model is {self.state()}; retry when /v2/health/ready answers 200", 503)
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length", b"")
         limit = self.model.settings.max_body_bytes
@@ -248,10 +248,10 @@ class App:
         if declared > limit:
             raise RequestError(f"request body of {declared} bytes exceeds the limit of {limit} "
                                "(GPUX_MAX_BODY_BYTES)", 413)  # fmt: skip
-        held = self._hold(declared)
+        held = self.hold(declared)
         try:
             body, extra = await self._read(receive, limit, declared)
-            held += self._hold(extra)
+            held += self.hold(extra)
             loop = asyncio.get_running_loop()
             self.scheduler.arrive(1)
             try:  # JSON tensors cost time in proportion: off the loop; a small or binary body: here
@@ -263,7 +263,7 @@ class App:
             finally:
                 self.scheduler.arrive(-1)
             del body
-            outputs = await self._run(feeds, request.outputs)
+            outputs = await self.run(feeds, request.outputs)
             large = sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES // 4
             if not v2:
                 if large:
@@ -281,9 +281,9 @@ class App:
                 return Response(200, payload)
             return Response(200, payload, b"application/octet-stream", [(BINARY_HEADER, str(header_length).encode())])
         finally:
-            self._release(held)
+            self.release(held)
 
-    def _hold(self, n: int) -> int:
+    def hold(self, n: int) -> int:
         """Count n request bytes against what all requests in flight may hold; 503 past it."""
         with self._bytes_lock:
             if n and self.in_flight_bytes + n > self.model.settings.max_in_flight_bytes:
@@ -300,9 +300,9 @@ class App:
             raise RequestError(f"decoding this {size}-byte body would hold about {cost} bytes, more than this server "
                                f"may hold for requests ({limit}, half its memory); send the tensors as binary data "
                                "(KServe v2 binary extension) or .npy", 413)  # fmt: skip
-        return self._hold(cost)
+        return self.hold(cost)
 
-    def _release(self, n: int) -> None:
+    def release(self, n: int) -> None:
         with self._bytes_lock:
             self.in_flight_bytes -= n
             self._large = self._large or n >= TRIM_AFTER
@@ -377,7 +377,7 @@ class App:
                 feeds = decode_predict(parsed, model.inputs, model.overridable, fast)
                 request = V2Request()
         finally:
-            self._release(held)
+            self.release(held)
         outputs, elements = _output_size(model.inputs, model.outputs, feeds, request.outputs)
         text = 0 if v2 and (request.binary_default or request.binary) else elements * ANSWER_TEXT
         needed = sum(a.nbytes for a in feeds.values()) + outputs + text
@@ -388,7 +388,7 @@ class App:
                                + ("; ask for binary outputs or send fewer rows" if text else ""), 413)  # fmt: skip
         return feeds, request
 
-    async def _run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
+    async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
         timeout = self.model.settings.timeout
         try:
             job = self.scheduler.submit(feeds, names, self.batchable)

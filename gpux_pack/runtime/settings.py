@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .dtypes import SHORT_NAMES
 
 DEFAULT_CONFIG = "/opt/gpux/gpux.json"
 DEFAULT_CACHE_DIR = "/tmp/gpux-cache"
@@ -46,6 +45,9 @@ class ConfigurationError(StartupError):
         self.key = key
 
 
+DRAIN_SECONDS = 8.0  # GPUX_DRAIN_SECONDS's default (docker stop waits 10 s); deploy's grace follows it
+
+
 @dataclass
 class Settings:
     spec: dict[str, Any]
@@ -66,7 +68,7 @@ class Settings:
     max_queue: int = 64  # requests waiting for a worker; beyond: 503
     max_request_bytes: int = 1 << 30  # tensor bytes one request may hold; beyond: 413
     max_in_flight_bytes: int = 1 << 31  # request bytes all requests in flight may hold; beyond: 503
-    drain_seconds: float = 8.0  # SIGTERM: time in-flight requests get to finish (docker stop waits 10 s)
+    drain_seconds: float = DRAIN_SECONDS  # SIGTERM: time in-flight requests get to finish (docker stop waits 10 s)
     batching: tuple[int, float] | None = None  # (max_batch_size, max_delay_ms)
     limits: Any = None  # resources.Limits: what the cgroup gives
     grpc_port: int | None = None  # KServe v2 gRPC (serving.grpc_port; the image then has grpcio)
@@ -84,7 +86,6 @@ class Settings:
         port = _whole(env, "GPUX_PORT", 1, 65535, "a port number from 1 to 65535")
         host = _host(env)
         log_level = _choice(env, "GPUX_LOG_LEVEL", LOG_LEVELS)
-        wanted = _provider_names(env)
         require_provider = _flag(env, "GPUX_REQUIRE_PROVIDER")
         cache_dir = _cache_dir(env)
         max_body_bytes = _whole(env, "GPUX_MAX_BODY_BYTES", 1, None, "a positive whole number of bytes")
@@ -98,6 +99,7 @@ class Settings:
         max_header = _whole(env, "GPUX_MAX_HEADER_BYTES", 1024, 1 << 24, "a whole number of bytes from 1024 to 16777216")
         read_timeout = _seconds(env, "GPUX_READ_TIMEOUT")
         path, spec = _read_config(env)
+        wanted = _provider_names(env, spec.get("provider_names") or {"cpu": "CPUExecutionProvider"})
 
         serving = spec.get("serving") or {}
         providers = [(name, dict(opts)) for name, opts in spec["execution_providers"]]
@@ -107,7 +109,7 @@ class Settings:
             if "CPUExecutionProvider" not in wanted:
                 providers.append(("CPUExecutionProvider", {}))
         primary = providers[0][0] if providers else "CPUExecutionProvider"
-        on_cpu = primary in ("CPUExecutionProvider", "OpenVINOExecutionProvider")
+        on_cpu = primary in (spec.get("cpu_providers") or ("CPUExecutionProvider",))
         # on CPUs one run already uses every core: more workers only contend; a GPU overlaps two
         workers = max_workers or min(int(serving.get("max_workers", 4)), 1 if on_cpu else 2)
         batching = serving.get("batching") or None
@@ -130,7 +132,7 @@ class Settings:
             max_queue=max_queue or max(16, 4 * workers * (batch[0] if batch else 4)),
             max_request_bytes=max_request or resources.default_request_bytes(lim),
             max_in_flight_bytes=resources.default_in_flight_bytes(lim),
-            drain_seconds=drain or 8.0,
+            drain_seconds=drain or DRAIN_SECONDS,
             batching=batch,
             limits=lim,
             grpc_port=int(serving["grpc_port"]) if serving.get("grpc_port") else None,
@@ -205,24 +207,25 @@ def _flag(env: dict[str, str], key: str) -> bool:
     return value
 
 
-def _provider_names(env: dict[str, str]) -> list[str]:
-    """GPUX_PROVIDERS=cuda,cpu: these providers, in this order (short or ONNX Runtime names)."""
+def _provider_names(env: dict[str, str], short_names: dict[str, str]) -> list[str]:
+    """GPUX_PROVIDERS=cuda,cpu: these providers, in this order (short or ONNX Runtime names, as
+    the packager's provider table gives them in gpux.json)."""
     raw = env.get("GPUX_PROVIDERS", "")
     if not raw.strip():
         return []
-    full = {name.lower(): name for name in SHORT_NAMES.values()}
+    full = {name.lower(): name for name in short_names.values()}
     names: list[str] = []
     for item in (i.strip() for i in raw.split(",")):
         if not item:
             continue
-        name = SHORT_NAMES.get(item.lower()) or full.get(item.lower())
+        name = short_names.get(item.lower()) or full.get(item.lower())
         if name is None:
-            raise ConfigurationError("GPUX_PROVIDERS", raw, f"unknown provider '{item}' (use {', '.join(SHORT_NAMES)})")
+            raise ConfigurationError("GPUX_PROVIDERS", raw, f"unknown provider '{item}' (use {', '.join(short_names)})")
         if name in names:
             raise ConfigurationError("GPUX_PROVIDERS", raw, f"'{item}' is named twice")
         names.append(name)
     if not names:
-        raise ConfigurationError("GPUX_PROVIDERS", raw, f"names no provider (use {', '.join(SHORT_NAMES)})")
+        raise ConfigurationError("GPUX_PROVIDERS", raw, f"names no provider (use {', '.join(short_names)})")
     return names
 
 

@@ -303,10 +303,10 @@ pack:
 def test_label_values_are_one_rule_built_and_rendered(tmp_path, docker_client, tags, monkeypatch):
     """`build` (assembled on the host) and `render` + `docker build` give the same label bytes,
     the plan's, for values with every kind of separator, control and format character."""
-    from gpux_pack import plan as planning
-    from gpux_pack.pipeline import load, plan_for
-    from gpux_pack.plan import Options
+    from gpux_pack.commands.build import load, plan_for
+    from gpux_pack.plan import Options, with_lock
     from gpux_pack.ui import Reporter
+    from gpux_pack.wheels import Lock, Pin
 
     project = copy_example("mlp", tmp_path)
     config = project / "gpux.yml"
@@ -327,7 +327,8 @@ def test_label_values_are_one_rule_built_and_rendered(tmp_path, docker_client, t
     monkeypatch.setenv("SOURCE_DATE_EPOCH", SAME_TIME["SOURCE_DATE_EPOCH"])
     plan = plan_for(load(project), "cpu", "test", Options(base_image=BASE_IMAGE), None, Reporter(quiet=True),
                     pull=False)  # fmt: skip
-    expected = planning.labels(plan, ours["io.gpux.onnxruntime.version"])
+    pin = Pin(plan.provider.ort, ours["io.gpux.onnxruntime.version"], frozenset())
+    expected = with_lock(plan, Lock(plan.target, plan.requirements, (pin,))).labels
     assert {k: ours[k] for k in expected} == expected
     assert expected["org.opencontainers.image.description"] == (
         "First line of a description, second line. (tabbed) And a paragraph with a zero-width space .")

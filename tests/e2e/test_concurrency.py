@@ -22,7 +22,7 @@ SAME_TIME = {"SOURCE_DATE_EPOCH": "1767225600"}
 def cold_cache(dest: Path) -> Path:
     """A cache with only the shared cache's wheels (hard-linked: nothing is downloaded again)
     and their hash index; no lock, no install, no rootfs, no engine record."""
-    from gpux_pack.wheels import cache_dir
+    from gpux_pack.staging import cache_dir
 
     shared = cache_dir() / "wheels"
     (dest / "wheels").mkdir(parents=True)

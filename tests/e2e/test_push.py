@@ -249,7 +249,7 @@ def test_deploy_compose_validates_and_a_gpu_image_requests_its_device(pushed, tm
     import jsonschema
     import yaml
 
-    from gpux_pack import deploy
+    from gpux_pack.commands import deploy
 
     tag, digest = pushed
     proc = run_cli("deploy", tag, "--target", "compose")
@@ -301,7 +301,7 @@ def test_deploy_kserve_validates_against_the_crd_and_speaks_v2(pushed, tmp_path)
     import jsonschema
     import yaml
 
-    from gpux_pack import deploy
+    from gpux_pack.commands import deploy
 
     tag, digest = pushed
     proc = run_cli("deploy", tag, "--target", "kserve", "--output", str(tmp_path / "kserve"))

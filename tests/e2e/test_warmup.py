@@ -89,7 +89,8 @@ def test_warmup_bakes_one_layer_with_the_same_config(ov_never, docker_client, ta
 
 def test_the_engines_builder_adds_the_same_layer(ov_never, docker_client, tags, tmp_path, monkeypatch):
     """One exported cache, made into an image both ways: assembled, and by `docker build`."""
-    from gpux_pack import warmup
+    from gpux_pack.commands.warmup import warm_labels, warm_members
+    from gpux_pack.image.maker import choose
     from gpux_pack.ui import Reporter
 
     proc = run_cli("warmup", ov_never["tag"], "--export", str(tmp_path), "--json")
@@ -100,7 +101,9 @@ def test_the_engines_builder_adds_the_same_layer(ov_never, docker_client, tags, 
     ids = {}
     for assemble, tag in (("1", tags("warm:assembled")), ("0", tags("warm:builder"))):
         monkeypatch.setenv("GPUX_PACK_ASSEMBLE", assemble)
-        ids[assemble] = warmup._derive(docker_client, image, tmp_path / key, key, record, tag, Reporter(quiet=True))
+        made = choose(docker_client, Reporter(quiet=True)).derive(
+            image.id, tag, warm_members(tmp_path / key, key), warm_labels(key, record), f"warmup cache {key}")
+        ids[assemble] = (made.id, made.assembled)
     assert ids["1"][1] is True and ids["0"][1] is False
     a, b = (docker_client.images.get(ids[k][0]) for k in ("1", "0"))
     assert a.attrs["RootFS"]["Layers"] == b.attrs["RootFS"]["Layers"]

@@ -61,7 +61,7 @@ def test_plan_lists_the_lock_without_downloading_and_works_offline(tmp_path):
 
 
 def test_build_summary_schema_is_current():
-    from gpux_pack.summary import schema
+    from gpux_pack.commands.summary import json_schema as schema
 
     assert json.loads((ROOT / "build-summary.schema.json").read_text()) == schema(), \
         "regenerate: gpux-pack schema --of build-summary > build-summary.schema.json"

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from gpux_pack.config import json_schema, parse_memory
-from gpux_pack.project import load_project
+from gpux_pack.project.config import json_schema, parse_memory
+from gpux_pack.project.load import load_project
 from gpux_pack.errors import ConfigError, UsageError
 
 ROOT = Path(__file__).resolve().parents[2]

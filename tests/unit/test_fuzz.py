@@ -108,20 +108,18 @@ def fixed_lock():
 def render_project(project: Path, override_base: bool = True) -> Rendered:
     """The cpu Dockerfile of a project, with no engine and no network. `override_base` gives
     --base-image (as the CLI calls do); without it pack.base_image reaches FROM."""
-    from gpux_pack import context as contexts
-    from gpux_pack import pipeline, providers, render
-    from gpux_pack.plan import Options, runtime_config, with_lock
+    from gpux_pack.commands.build import load, plan_for
+    from gpux_pack.image.context import model_context
+    from gpux_pack.image.dockerfile import dockerfile
+    from gpux_pack.plan import Options, with_lock
     from gpux_pack.ui import Reporter
 
-    loaded = pipeline.load(project)
+    loaded = load(project)
     options = Options(base_image=BASE_IMAGE if override_base else None)
-    plan = pipeline.plan_for(loaded, "cpu", "fuzz", options, None, Reporter(quiet=True), pull=False)
-    lock = fixed_lock()
-    plan = with_lock(plan, lock)
-    text = render.dockerfile(plan, "image")
-    ort = lock.version_of("onnxruntime")
-    config = runtime_config(plan, providers.session_providers(plan.provider, loaded.project.config), ort)
-    context = contexts.assemble(plan, None, text, config)  # writes gpux.json as build/render do
+    plan = plan_for(loaded, "cpu", "fuzz", options, None, Reporter(quiet=True), pull=False)
+    plan = with_lock(plan, fixed_lock())
+    text = dockerfile(plan, "image")
+    context = model_context(plan, None, text)  # writes gpux.json as build/render do
     cfg = loaded.project.config
     expected = {
         "org.opencontainers.image.title": cfg.name,
@@ -1304,8 +1302,9 @@ def external_locations(model: Path) -> set[str]:
 
 def context_problems(r: Rendered) -> list[Problem]:
     """The build context carries the model and every external data file it names."""
-    from gpux_pack.context import MODEL
+    from gpux_pack.image.layout import LAYERS
 
+    MODEL = LAYERS["model"].root
     names = set(r.context_files)
     problems = []
     if f"{MODEL}/{r.model_path.name}" not in names:

@@ -85,7 +85,7 @@ def test_hostile_configs_give_one_line_and_exit_2(tmp_path, capsys, yml, words):
 
 
 def test_dates_become_iso_text_and_odd_values_stay_json(tmp_path, capsys):
-    from gpux_pack.project import load_project
+    from gpux_pack.project.load import load_project
 
     path = project(tmp_path, "name: m\n" + B + "metadata: {d: 2024-01-01, t: 2024-01-01 10:00:00, 0: zero}\n")
     assert load_project(path).config.metadata == {"d": "2024-01-01", "t": "2024-01-01T10:00:00", "0": "zero"}
@@ -159,7 +159,7 @@ def test_bad_external_data_is_named(tmp_path, capsys, model, words):
 
 
 def test_external_data_of_a_sparse_initializer_is_baked(tmp_path):
-    from gpux_pack.model import inspect_model
+    from gpux_pack.project.model import inspect_model
 
     project(tmp_path, "name: m\n" + B, _external(sparse=True))
     assert inspect_model(tmp_path / "model.onnx").files == ("model.onnx", "w.bin")

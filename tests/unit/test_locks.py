@@ -7,19 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from gpux_pack import pipeline, wheels
+from gpux_pack import wheels
+from gpux_pack.commands.build import load, plan_for
 from gpux_pack.plan import Options
 from gpux_pack.ui import Reporter
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.network  # uv resolves against the package index
 
 
 def lock(tmp_path: Path, provider: str, pack: str = "", **options) -> tuple[wheels.Lock, dict[str, str]]:
     shutil.copytree(ROOT / "examples" / "mlp", tmp_path / "mlp")
     config = tmp_path / "mlp" / "gpux.yml"
     config.write_text(config.read_text() + ("pack:\n" + pack if pack else ""))
-    loaded = pipeline.load(tmp_path / "mlp")
-    plan = pipeline.plan_for(loaded, provider, "test", Options(**options), None, Reporter(quiet=True), pull=False)
+    loaded = load(tmp_path / "mlp")
+    plan = plan_for(loaded, provider, "test", Options(**options), None, Reporter(quiet=True), pull=False)
     result = wheels.resolve(plan.requirements, plan.target)
     assert result.target.arch == "x86_64"
     return result, {p.name: p.version for p in result.pins}

@@ -80,12 +80,12 @@ def test_a_body_that_can_never_fit_is_413_and_one_that_does_not_fit_now_is_503(t
     status, answer, _ = client.request("POST", "/predict", escaped)
     assert status == 413 and "binary" in answer["error"] and "half its memory" in answer["error"], answer
     assert client.request("POST", "/predict", numbers)[0] == 200
-    held = client.app._hold(30 * MiB)  # another request holds most of the budget
+    held = client.app.hold(30 * MiB)  # another request holds most of the budget
     try:
         status, answer, headers = client.request("POST", "/predict", numbers)
         assert status == 503 and headers[b"retry-after"] == b"1", answer
     finally:
-        client.app._release(held)
+        client.app.release(held)
     assert client.request("POST", "/predict", numbers)[0] == 200 and client.app.in_flight_bytes == 0
 
 

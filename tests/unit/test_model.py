@@ -5,9 +5,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gpux_pack.project import load_project
+from gpux_pack.project.load import load_project
 from gpux_pack.errors import ConfigError, ModelError
-from gpux_pack.model import inspect_model, reconcile
+from gpux_pack.project.model import inspect_model, reconcile
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "examples" / "mlp" / "model.onnx"

@@ -2,6 +2,8 @@
 
 import os
 import subprocess
+
+import pytest
 import sys
 import zipfile
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.network  # pip fetches the build backend (hatchling)
 def test_wheel_install_renders(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
@@ -21,7 +24,7 @@ def test_wheel_install_renders(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)
     env = {**os.environ, "PYTHONPATH": str(site), "DOCKER_HOST": "unix:///nonexistent.sock"}
-    where = subprocess.run([sys.executable, "-c", "import gpux_pack, gpux_pack.render as r; print(gpux_pack.__file__); print(r.templates_dir())"],
+    where = subprocess.run([sys.executable, "-c", "import gpux_pack, gpux_pack.image.dockerfile as r; print(gpux_pack.__file__); print(r.templates_dir())"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout.split()
     assert all(str(site) in line for line in where), where  # the wheel, not this checkout
     out = tmp_path / "ctx"

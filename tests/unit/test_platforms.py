@@ -6,7 +6,7 @@ import pytest
 import typer
 
 from gpux_pack.cli import _platforms
-from gpux_pack.registry import platform_of
+from gpux_pack.registry.index import platform_of
 
 
 def test_each_platform_gets_its_base_and_a_plain_base_is_for_all():
@@ -37,7 +37,7 @@ def test_descriptor_platforms():
 
 def test_credentials_never_go_to_a_plain_http_token_service_of_a_secure_registry():
     from gpux_pack.errors import DockerError
-    from gpux_pack.registry import Registry
+    from gpux_pack.registry.index import Registry
 
     registry = Registry.__new__(Registry)  # the fields _login reads; no engine needed
     registry.name, registry.path, registry.insecure, registry.auth = "registry.example", "team/m", False, {}

@@ -2,10 +2,17 @@
 import pytest
 
 from gpux_pack import providers
-from gpux_pack.project import load_project
+from gpux_pack.project.load import load_project
 from gpux_pack.engine import host_from
 from gpux_pack.errors import UsageError
-from gpux_pack.providers import HostInfo, decide, parse_provider_list, session_providers
+from gpux_pack.plan import session_options
+from gpux_pack.providers import HostInfo, decide, parse_provider_list
+
+
+def session_providers(provider, cfg):
+    """The session options with the config's own TensorRT profiles (a plan derives them otherwise)."""
+    profiles = {n: {"min": p.min, "opt": p.opt, "max": p.max} for n, p in cfg.pack.tensorrt.profiles.items()}
+    return session_options(provider, cfg, profiles)
 
 NONE = HostInfo()
 
@@ -59,13 +66,13 @@ def test_parse_provider_list():
 
 
 def test_table_is_complete_and_templates_exist():
-    from gpux_pack.render import templates_dir
+    from gpux_pack.image.dockerfile import templates_dir
 
     assert set(providers.PROVIDERS) == {"cpu", "cuda", "tensorrt", "rocm", "migraphx", "openvino"}
     for p in providers.PROVIDERS.values():
         assert (templates_dir() / p.template_name).is_file()
         assert p.execution_providers[-1] == "CPUExecutionProvider"
-        assert "==" in p.package  # pinned: the lock is reproducible only then
+        assert "==" in p.pip_requirement  # pinned: the lock is reproducible only then
         assert p.libraries, f"{p.name} names no library to link-check"
         # a child template is small: the base holds the Dockerfile text
         assert len((templates_dir() / p.template_name).read_text().splitlines()) <= 10
@@ -73,13 +80,13 @@ def test_table_is_complete_and_templates_exist():
 
 def test_cuda_flavours_and_vendor_bases():
     cuda13, cuda12 = providers.get("cuda"), providers.get("cuda", cuda="12")
-    assert cuda13.package == "onnxruntime-gpu[cuda,cudnn]==1.31.1" and cuda13.cuda == "13"
-    assert cuda12.package == "onnxruntime-gpu[cuda,cudnn]==1.26.0" and cuda12.cuda == "12"
+    assert cuda13.pip_requirement == "onnxruntime-gpu[cuda,cudnn]==1.31.1" and cuda13.cuda == "13"
+    assert cuda12.pip_requirement == "onnxruntime-gpu[cuda,cudnn]==1.26.0" and cuda12.cuda == "12"
     assert providers.get("tensorrt", cuda="12").base_image == "nvcr.io/nvidia/tensorrt:25.03-py3"
     assert providers.get("cpu", cuda="12") == providers.get("cpu")  # the flavour only touches NVIDIA rows
     vendor = providers.base_for(cuda13, "vendor")
     assert vendor.image.startswith("nvidia/cuda:13.") and vendor.nvidia_libs == "base"
-    assert vendor.packages() == ("python3",)
+    assert vendor.apt_packages() == ("python3",)
     assert cuda13.requirement(vendor.nvidia_libs) == "onnxruntime-gpu==1.31.1"  # CUDA comes with the base
     assert providers.base_for(cuda12, "vendor").image.startswith("nvidia/cuda:12.")
     with pytest.raises(UsageError, match="cpu has no vendor base image"):
@@ -141,7 +148,7 @@ ROWS = [(name, cuda) for name in providers.PROVIDERS for cuda in ("13", "12") if
 def _model_of_ir(folder, ir: int):
     from onnx import TensorProto, helper, save
 
-    from gpux_pack.model import inspect_model
+    from gpux_pack.project.model import inspect_model
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])

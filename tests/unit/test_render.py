@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpux_pack import context as contexts
-from gpux_pack import providers, render
-from gpux_pack import pipeline
-from gpux_pack.pipeline import load
-from gpux_pack.plan import Options, with_lock
+from gpux_pack import providers
+from gpux_pack.commands import build
+from gpux_pack.image import context
+from gpux_pack.image import dockerfile as render
+from gpux_pack.plan import Options, plan_runtime_base, with_lock
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Installed, Lock, Pin, Target
 
@@ -38,8 +38,8 @@ def plan_for(provider: str, pack: str = "", tmp: Path | None = None, **options):
         config = tmp / "mlp" / "gpux.yml"
         config.write_text(config.read_text() + "pack:\n" + pack)
         project = tmp / "mlp"
-    loaded = load(project)
-    plan = pipeline.plan_for(loaded, provider, "test", Options(**options), None, Reporter(quiet=True), pull=False)
+    loaded = build.load(project)
+    plan = build.plan_for(loaded, provider, "test", Options(**options), None, Reporter(quiet=True), pull=False)
     return with_lock(plan, lock_for(plan))
 
 
@@ -85,7 +85,7 @@ def test_model_images_match_golden_files_and_pass_hadolint(variant, tmp_path, mo
     copies = [line for line in text.splitlines() if line.startswith(("COPY ", "ADD "))]
     assert copies == ["COPY packages/ /", "COPY runtime/ /", "ADD cache.tar /", "COPY model/ /", "COPY config/ /"]
     runs = [line for line in text.splitlines() if line.startswith("RUN ")]
-    if plan.base.packages():  # apt where the base lacks python3 (vendor CUDA) or a system library
+    if plan.base.apt_packages():  # apt where the base lacks python3 (vendor CUDA) or a system library
         assert runs[0].startswith("RUN apt-get update") and ("linkcheck.py" in text) == (plan.link_check == "image")
         assert (plan.link_check == "image") == bool(plan.base.system_packages)
     else:  # builds that run nothing: the link check ran on the host
@@ -110,7 +110,7 @@ def test_runtime_base_dockerfiles_are_current(provider):
     and templates as every model image)."""
     prov = providers.get(provider)
     base = prov.bases["default"]
-    text = render.runtime_dockerfile(prov, base, "image" if base.system_packages else "host")
+    text = render.runtime_base_dockerfile(plan_runtime_base(prov, base, None, True))
     assert_clean(text)
     path = ROOT / "base-images" / f"{provider}.Dockerfile"
     if UPDATE:
@@ -123,8 +123,8 @@ def test_model_on_runtime_base_sends_only_the_model():
     plan = plan_for("cpu")
     text = render.dockerfile(plan, "model")
     assert_clean(text)
-    assert plan.runtime_base.startswith("gpux-pack/runtime-cpu:1.32.0-")
-    assert text.count("FROM ") == 1 and f"FROM {plan.runtime_base}" in text
+    assert plan.runtime_base.tag.startswith("gpux-pack/runtime-cpu:1.32.0-")
+    assert text.count("FROM ") == 1 and f"FROM {plan.runtime_base.tag}" in text
     copies = [line for line in text.splitlines() if line.startswith("COPY ")]
     assert copies == ["COPY model/ /", "COPY config/ /"] and "\nRUN " not in text
     # entrypoint, user and healthcheck come from the runtime base image
@@ -134,9 +134,9 @@ def test_model_on_runtime_base_sends_only_the_model():
 def test_runtime_base_tag_follows_what_goes_into_it():
     plan = plan_for("cpu")
     other = with_lock(plan, Lock(plan.target, plan.requirements, (Pin("onnxruntime", "1.31.1", frozenset({"0" * 64})),)))
-    assert other.runtime_base != plan.runtime_base  # numpy left the lock
-    assert with_lock(plan, lock_for(plan)).runtime_base == plan.runtime_base
-    assert plan_for("openvino").runtime_base.startswith("gpux-pack/runtime-openvino:")
+    assert other.runtime_base.tag != plan.runtime_base.tag  # numpy left the lock
+    assert with_lock(plan, lock_for(plan)).runtime_base.tag == plan.runtime_base.tag
+    assert plan_for("openvino").runtime_base.tag.startswith("gpux-pack/runtime-openvino:")
 
 
 def test_hadolint_really_checks():
@@ -167,17 +167,15 @@ def test_label_values_follow_one_rule_in_the_plan_and_the_dockerfile(tmp_path):
     """plan.labels folds every kind of separator, control and format character once, so an
     assembled image (the plan's labels as they are) and `docker build` of the rendered
     Dockerfile (escaped, and folded again as a defence) carry the same bytes."""
-    from gpux_pack import plan as planning
-
     pack = "  labels:\n" + "".join(f'    k{i}: "{raw}"\n' for i, raw in enumerate(LABEL_VALUES))
     (tmp_path / "yml").mkdir()
     plan = plan_for("cpu", pack, tmp_path / "yml")
     config = tmp_path / "yml" / "mlp" / "gpux.yml"
     text = re.sub(r"(?m)^description:.*\n", "", config.read_text())
     config.write_text(text + 'description: |\n  Line one\n  of it.\n\n  Line two\tand\u202e three.\n')
-    plan = with_lock(pipeline.plan_for(load(config.parent), "cpu", "test", Options(), None, Reporter(quiet=True),
-                                       pull=False), lock_for(plan))  # fmt: skip
-    labels = planning.labels(plan, plan.lock.version_of(plan.provider.ort))
+    plan = with_lock(build.plan_for(build.load(config.parent), "cpu", "test", Options(), None, Reporter(quiet=True),
+                                    pull=False), lock_for(plan))  # fmt: skip
+    labels = plan.labels
     assert [labels[f"k{i}"] for i in range(len(LABEL_VALUES))] == list(LABEL_VALUES.values())
     assert labels["org.opencontainers.image.description"] == "Line one of it. Line two and three."
     assert all(render._one_line(v) == v for v in labels.values())  # the render's fold changes nothing
@@ -199,14 +197,14 @@ def _installed(plan, tmp_path: Path) -> Installed:
 
 def test_context_is_deterministic(tmp_path):
     plan = plan_for("cpu")
-    ctx = contexts.assemble(plan, _installed(plan, tmp_path), "FROM x\n", {"a": 1})
-    first, second = contexts.tar(ctx).read(), contexts.tar(ctx).read()
+    ctx = context.model_context(plan, _installed(plan, tmp_path), "FROM x\n")
+    first, second = context.temporary_tar(ctx).read(), context.temporary_tar(ctx).read()
     assert first == second
     with tarfile.open(fileobj=io.BytesIO(first)) as t:
         members = t.getmembers()
     names = [m.name for m in members if m.isfile()]
     assert names == sorted(names)
-    assert {m.mtime for m in members} == {contexts.MTIME} and {m.uid for m in members} == {0}
+    assert {m.mtime for m in members} == {context.MTIME} and {m.uid for m in members} == {0}
     site = "packages/opt/gpux/site-packages"
     assert {"Dockerfile", "config/opt/gpux/gpux.json", f"{site}/numpy/__init__.py", "model/opt/gpux/model/model.onnx",
             "runtime/opt/gpux/runtime/gpux_runtime/server.py"} <= set(names)
@@ -219,18 +217,18 @@ def test_context_is_deterministic(tmp_path):
 
 def test_write_refuses_foreign_folders(tmp_path):
     plan = plan_for("cpu")
-    ctx = contexts.assemble(plan, _installed(plan, tmp_path), "FROM x\n", {})
+    ctx = context.model_context(plan, _installed(plan, tmp_path), "FROM x\n")
     out = tmp_path / "out"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
     with pytest.raises(Exception, match="not empty and was not written by gpux-pack"):
-        contexts.write(ctx, out)
+        context.write(ctx, out)
     assert (out / "precious.txt").read_text() == "keep me"
     fresh = tmp_path / "fresh"
-    contexts.write(ctx, fresh)
-    contexts.write(ctx, fresh)  # an earlier render is replaced
+    context.write(ctx, fresh)
+    context.write(ctx, fresh)  # an earlier render is replaced
     assert (fresh / "Dockerfile").read_text() == "FROM x\n"
-    assert (fresh / "model" / "opt" / "gpux" / "model" / "model.onnx").stat().st_mtime == contexts.MTIME
+    assert (fresh / "model" / "opt" / "gpux" / "model" / "model.onnx").stat().st_mtime == context.MTIME
 
 
 def test_target_tags():

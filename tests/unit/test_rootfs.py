@@ -20,12 +20,12 @@ from types import SimpleNamespace
 import onnxruntime
 import pytest
 
-from gpux_pack import rootfs
+from gpux_pack.engine import rootfs
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import PROVIDERS
 from gpux_pack.runtime import linkcheck
 from gpux_pack.runtime.linkcheck import ElfInfo, Resolver, Tree
-from gpux_pack.wheels import cache_dir
+from gpux_pack.staging import cache_dir
 from tests.conftest import BASE_IMAGE
 
 WHEELS = cache_dir() / "wheels"  # the user's wheel cache, before any test points the cache elsewhere
@@ -503,7 +503,7 @@ def test_host_link_check_names_cublas_for_the_cuda_wheel(debian_root, tmp_path):
 @pytest.mark.e2e
 def test_host_link_check_passes_for_the_cpu_wheel(debian_root, tmp_path):
     cpu = PROVIDERS["cpu"]
-    site = _site_from(_wheel(f"onnxruntime-{cpu.version}-*x86_64.whl", cpu.package), tmp_path / "site")
+    site = _site_from(_wheel(f"onnxruntime-{cpu.version}-*x86_64.whl", cpu.pip_requirement), tmp_path / "site")
     lines = []
     assert _check("cpu", debian_root, site, lines.append) == []
     assert lines and lines[0].startswith("link check: CPUExecutionProvider: ") and "libraries resolve" in lines[0]

@@ -14,9 +14,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gpux_pack import providers
-from gpux_pack.pipeline import load, plan_for
-from gpux_pack.plan import Options, runtime_config
+from gpux_pack.commands.build import load, plan_for
+from gpux_pack.plan import Options
+from gpux_pack.providers import EP_NAMES
 from gpux_pack.ui import Reporter
 from gpux_pack.runtime.session import Model
 from gpux_pack.runtime.settings import ConfigurationError, Settings, StartupError
@@ -29,8 +29,7 @@ def spec_dir(tmp_path: Path, example: str, provider: str = "cpu", warmup: str | 
     """gpux.json + model as the image holds them, from the real planning code."""
     loaded = load(ROOT / "examples" / example)
     plan = plan_for(loaded, provider, "test", Options(warmup=warmup), None, Reporter(quiet=True), pull=False)
-    prov = plan.provider
-    spec = runtime_config(plan, providers.session_providers(prov, loaded.project.config), "test")
+    spec = plan.gpux_json
     (tmp_path / "model").mkdir()
     for name in loaded.model.files:
         shutil.copy(loaded.model.path.parent / name, tmp_path / "model" / name)
@@ -292,7 +291,7 @@ def tiny_dir(tmp_path: Path, ir_version: int = 7) -> Path:
                    {"name": "scale", "type": "float32", "shape": [3], "required": False}],
         "overridable_inputs": [{"name": "bias", "type": "float32", "shape": [3], "required": False}],
         "outputs": [{"name": "y", "type": "float32", "shape": ["batch", 3]}],
-        "execution_providers": [["CPUExecutionProvider", {}]],
+        "execution_providers": [["CPUExecutionProvider", {}]], "provider_names": EP_NAMES,
     }  # fmt: skip
     (tmp_path / "gpux.json").write_text(json.dumps(spec))
     return tmp_path

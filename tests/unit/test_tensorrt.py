@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gpux_pack import pipeline, providers, render
+from gpux_pack import providers
 from gpux_pack.errors import BuildError
-from gpux_pack.plan import SITE
-from gpux_pack.project import load_project
+from gpux_pack.image.dockerfile import link_check_command
+from gpux_pack.install import check_links
+from gpux_pack.plan import SITE, RuntimeBase, session_options
+from gpux_pack.project.load import load_project
 from gpux_pack.providers import BaseImage
 from gpux_pack.runtime import linkcheck, warm
 from gpux_pack.wheels import Installed
@@ -34,7 +36,7 @@ def test_the_rows_record_the_tensorrt_their_provider_library_was_built_with():
                                                                   "nvcr.io/nvidia/tensorrt:25.03-py3")
     assert trt.base_image in trt.link_hint and trt12.base_image in trt12.link_hint
     assert all(not p.tensorrt for name, p in providers.PROVIDERS.items() if name != "tensorrt")
-    assert "--tensorrt 10.14.1" in render.link_check_command(trt)  # the check in an image gets it too
+    assert "--tensorrt 10.14.1" in link_check_command(trt)  # the check in an image gets it too
 
 
 # ---------------------------------------------------------------------------------------------
@@ -44,7 +46,8 @@ def test_the_rows_record_the_tensorrt_their_provider_library_was_built_with():
 def trt_options(tmp_path: Path, pack: str) -> dict[str, str]:
     (tmp_path / "gpux.yml").write_text("name: m\nmodel: {source: m.onnx}\npack:\n" + pack)
     cfg = load_project(tmp_path).config
-    eps = providers.session_providers(providers.get("tensorrt"), cfg)
+    profiles = {n: {"min": p.min, "opt": p.opt, "max": p.max} for n, p in cfg.pack.tensorrt.profiles.items()}
+    eps = session_options(providers.get("tensorrt"), cfg, profiles)
     assert [name for name, _ in eps] == ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     return dict(eps)["TensorrtExecutionProvider"]
 
@@ -210,21 +213,22 @@ class Lines:
 
 
 def test_the_build_fails_with_the_rows_version_and_base(elf, tmp_path):
-    """pipeline.check_links hands the check the row's TensorRT; the one-line error says what to use."""
+    """install.check_links hands the check the row's TensorRT; the one-line error says what to use."""
     root, site = image(tmp_path, elf, "libnvinfer.so.10.13.3")
     row = replace(providers.get("tensorrt"), libraries=(PROVIDER_LIB,), dlopen=(), driver_libs=("libc.so.6",))
     base = BaseImage("nvcr.io/nvidia/tensorrt:25.10-py3", "3.12", (2, 39), nvidia_libs="base", probed=True,
                      rootfs=str(root), arch=ARCH)  # fmt: skip
     installed = Installed(None, site, False, ())  # type: ignore[arg-type]
     with pytest.raises(BuildError) as e:
-        pipeline.check_links(row, base, "host", installed, Lines())
+        check_links(RuntimeBase(row, base, "linux/amd64", "host", "base"), installed, Lines())
     assert str(e.value) == (
         "link check failed: TensorrtExecutionProvider cannot load: TensorRT 10.13.3 in the image "
         f"({LIBDIR}/libnvinfer.so.10.13.3) is older than 10.14.1, which onnxruntime 1.31.1's TensorRT provider "
         "was built for; use NVIDIA's TensorRT container nvcr.io/nvidia/tensorrt:25.11-py3 or newer as the base image"
     )
     ok = Lines()
-    pipeline.check_links(replace(row, **{"tensorrt": "10.9.0"}), base, "host", installed, ok)  # the CUDA 12 row's
+    check_links(RuntimeBase(replace(row, tensorrt="10.9.0"), base, "linux/amd64", "host", "base"), installed,
+                ok)  # the CUDA 12 row's
     assert ok.lines[-1].endswith("; TensorRT 10.13.3 (built for 10.9.0)")
 
 

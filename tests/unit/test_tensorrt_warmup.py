@@ -1,6 +1,7 @@
 """TensorRT's warmup inputs, exactly: provider options, optimization profiles (given or
-derived), and the cache key, from gpux.yml files with dynamic inputs. TensorRT itself cannot
-run here (no GPU; its libraries are not on PyPI): these pin what the image hands it."""
+derived), and the cache key, from gpux.yml files with dynamic inputs, through the code path a
+build takes (plan_for, the lock, the plan's gpux.json). TensorRT itself cannot run here (no
+GPU; its libraries are not on PyPI): these pin what the image hands it."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gpux_pack import providers
-from gpux_pack.pipeline import load, plan_for
-from gpux_pack.plan import Options, runtime_config, tensorrt_profiles
+from gpux_pack.commands.build import load, plan_for
+from gpux_pack.plan import Options, tensorrt_profiles, with_lock
 from gpux_pack.runtime import warm
 from gpux_pack.runtime.session import _shapes
 from gpux_pack.ui import Reporter
+from gpux_pack.wheels import Lock, Pin
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = "gpu: NVIDIA H200 sm90 (driver 13000)"
@@ -29,10 +30,9 @@ def trt_spec(tmp_path: Path, example: str = "mlp", pack: str = "") -> dict:
             f.write("\npack:\n" + pack)
     loaded = load(project)
     plan = plan_for(loaded, "tensorrt", "test", Options(), None, Reporter(quiet=True), pull=False)
-    cfg = loaded.project.config
-    profiles = tensorrt_profiles(cfg, plan.signature.inputs)
-    spec = runtime_config(plan, providers.session_providers(plan.provider, cfg, profiles), "1.31.1")
-    return json.loads(json.dumps(spec))  # as the image reads it
+    plan = with_lock(plan, Lock(plan.target, plan.requirements, (Pin("onnxruntime-gpu", "1.31.1", frozenset({"0" * 64})),)))
+    assert plan.gpux_json["onnxruntime"] == "1.31.1"
+    return json.loads(json.dumps(plan.gpux_json))  # as the image reads it
 
 
 def test_a_dynamic_batch_gets_a_derived_profile_and_exact_options(tmp_path):
@@ -46,10 +46,7 @@ def test_a_dynamic_batch_gets_a_derived_profile_and_exact_options(tmp_path):
         "trt_fp16_enable": "false", "trt_int8_enable": "false",
         "trt_profile_min_shapes": "features:1x4", "trt_profile_opt_shapes": "features:1x4",
         "trt_profile_max_shapes": "features:32x4",
-    } | {k: v for k, v in opts.items() if k not in {
-        "device_id", "trt_engine_cache_enable", "trt_engine_cache_path", "trt_timing_cache_enable",
-        "trt_timing_cache_path", "trt_fp16_enable", "trt_int8_enable", "trt_profile_min_shapes",
-        "trt_profile_opt_shapes", "trt_profile_max_shapes"}}  # fmt: skip
+    }  # exactly these: no option more, none less
     assert spec["warmup_profiles"] == {"features": {"min": [1, 4], "opt": [1, 4], "max": [32, 4]}}
     assert _shapes(spec) == [{"features": [1, 4]}, {"features": [1, 4]}, {"features": [1, 4]}, {"features": [32, 4]}]
 
@@ -95,8 +92,8 @@ def test_the_key_names_what_an_engine_depends_on(tmp_path):
     ("[2, 4]", {}),
 ])  # fmt: skip
 def test_the_derivation_rule(tmp_path, shape, derived):
-    from gpux_pack.config import TensorSpec
-    from gpux_pack.project import load_project
+    from gpux_pack.project.config import TensorSpec
+    from gpux_pack.project.load import load_project
 
     (tmp_path / "gpux.yml").write_text("name: m\nmodel: {source: m.onnx}\n")
     cfg = load_project(tmp_path).config

@@ -61,6 +61,7 @@ def test_tampered_cache_is_not_trusted(tmp_path, monkeypatch):
     assert calls and calls[0][0].name == "pip"
 
 
+@pytest.mark.network  # uv asks the package index
 def test_resolve_failure_is_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUX_PACK_CACHE_DIR", str(tmp_path))
     with pytest.raises(wheels.WheelError, match="cannot resolve the image's wheels for cp311") as err:

@@ -24,12 +24,12 @@ from pydantic import (
     model_validator,
 )
 
-from gpux_pack.providers import NOT_FOR_LINUX, PROVIDERS, SHORT_NAMES, provider_name, provider_names
+from gpux_pack.providers import EP_NAMES, NOT_FOR_LINUX, PROVIDERS, provider_name, provider_names
 from gpux_pack.reference import parse_reference
 from gpux_pack.runtime.dtypes import DTYPES, canonical
 
 CONFIG_NAMES = ("gpux.yml", "gpux.yaml")
-Backend = Literal[("auto", *SHORT_NAMES, *NOT_FOR_LINUX)]  # type: ignore[valid-type]
+Backend = Literal[("auto", *EP_NAMES, *NOT_FOR_LINUX)]  # type: ignore[valid-type]
 MAX_SIZE = 2**31 - 1  # a tensor dimension, a profile size
 MAX_SECONDS = 86_400.0
 
@@ -149,7 +149,7 @@ Dim = Annotated[
 def _dtype(value: Any) -> str:
     name = canonical(str(value))
     if name is None:
-        raise ValueError(f"unknown type '{value}'{_hint(str(value), DTYPES)}")
+        raise ValueError(f"unknown type '{value}'{hint(str(value), DTYPES)}")
     return name
 
 
@@ -349,7 +349,7 @@ class PackSection(_Section):
         list[Annotated[str, AfterValidator(provider_name)]],
         BeforeValidator(_one_or_many),
         AfterValidator(provider_names),
-        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"enum": ["auto", *SHORT_NAMES]}}]}),
+        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"enum": ["auto", *EP_NAMES]}}]}),
     ] = []
     base_image: Annotated[
         dict[str, ImageRef],
@@ -387,15 +387,15 @@ class PackSection(_Section):
     def _known(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
             if key != "*" and key not in PROVIDERS:
-                raise ValueError(f"unknown provider '{key}'{_hint(key, PROVIDERS)}")
+                raise ValueError(f"unknown provider '{key}'{hint(key, PROVIDERS)}")
         return v
 
     @field_validator("provider_options")
     @classmethod
     def _known_eps(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for key in v:
-            if key not in SHORT_NAMES and key not in SHORT_NAMES.values():
-                raise ValueError(f"unknown provider '{key}'{_hint(key, [*SHORT_NAMES, *SHORT_NAMES.values()])}")
+            if key not in EP_NAMES and key not in EP_NAMES.values():
+                raise ValueError(f"unknown provider '{key}'{hint(key, [*EP_NAMES, *EP_NAMES.values()])}")
         return v
 
     @field_validator("tag")
@@ -471,6 +471,6 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
-def _hint(word: str, choices: Any) -> str:
+def hint(word: str, choices: Any) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""

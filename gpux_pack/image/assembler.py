@@ -1,13 +1,13 @@
 """Images assembled on the host and handed to the engine whole (`docker load`), as google/ko
 and Jib do: no builder, no container, no step runs. Layers are the context's layer folders
-written by `layers` (the same bytes, so the same diff ids, as `docker build` of `render
+written by `layer_tar` (the same bytes, so the same diff ids, as `docker build` of `render
 --output`); the config is the parent's with the Dockerfile's ENV, USER, WORKDIR, HEALTHCHECK,
 ENTRYPOINT, CMD, EXPOSE and LABEL applied from the same plan values. Layers the engine already
 holds (the parent's) are named in the manifest but not sent: the engine skips every layer
 whose chain it has.
 
 Used where the Dockerfile has no RUN and the engine is known to write layer tars the way
-`layers` does (checked once per engine by building one tiny image both ways); otherwise the
+`layer_tar` does (checked once per engine by building one tiny image both ways); otherwise the
 classic builder builds the same Dockerfile.
 """
 
@@ -25,21 +25,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpux_pack import context as contexts
 from gpux_pack import staging
-from gpux_pack import layers as tars
 from gpux_pack.errors import DockerError
+from gpux_pack.image import layer_tar
+from gpux_pack.image.context import MTIME, Context, Entry, temporary_tar
+from gpux_pack.image.layout import Layer
 from gpux_pack.plan import ImageConfig
 from gpux_pack.reference import parse_reference
-from gpux_pack.wheels import cache_dir
+from gpux_pack.staging import cache_dir
 
 NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
-class Layer:
-    folder: str  # the context's layer folder ("packages", "model", ...)
-    members: list[tars.Member]
+class LayerTar:
+    """A layer written on the host: its members, and the diff id the engine will compute."""
+
+    name: str  # the layout's layer ("packages", "model", ...)
+    members: list[layer_tar.Member]
     diff_id: str
     size: int
     created_by: str  # its history line
@@ -53,7 +56,7 @@ class Image:
     tag: str | None  # None: untagged (a baked warmup commits and tags it)
     parent: dict[str, Any]  # `docker image inspect` of the parent
     parent_history: list[dict[str, Any]]  # `docker history` of the parent, newest first
-    layers: list[Layer]
+    layers: list[LayerTar]
     config: dict[str, Any]  # the image config's "config" (Env, User, ...)
     history: list[tuple[str, bool]]  # (created_by, empty_layer) in Dockerfile order
     created: str
@@ -88,43 +91,45 @@ def _iso(value: Any) -> str:
     return str(value)
 
 
-def layer(ctx: contexts.Context, folder: str, created_by: str, uname: bytes) -> Layer:
-    """The context's layer folder as a layer: its folders and files, placed from /."""
-    prefix = folder + "/"
-    members = [tars.Member(d[len(prefix):], 0o755, contexts.MTIME) for d in ctx.dirs() if d.startswith(prefix)]
-    members += [tars.Member(e.name[len(prefix):], e.mode, contexts.MTIME, source=e.source, data=e.data)
+def layer_of(ctx: Context, layer: Layer, uname: bytes) -> LayerTar:
+    """A layout layer as the context holds it (its folder, or its tar's members), placed from /."""
+    if layer.tar:
+        entry = next(e for e in ctx.entries if e.name == layer.source)
+        return of_members(layer, layer_tar.read_members(entry.data or b""), uname)
+    prefix = layer.name + "/"
+    members = [layer_tar.Member(d[len(prefix):], 0o755, MTIME) for d in ctx.dirs() if d.startswith(prefix)]
+    members += [layer_tar.Member(e.name[len(prefix):], e.mode, MTIME, source=e.source, data=e.data)
                 for e in ctx.entries if e.name.startswith(prefix)]  # fmt: skip
-    return of_members(folder, members, created_by, uname)
+    return of_members(layer, members, uname)
 
 
-def of_members(folder: str, members: list[tars.Member], created_by: str, uname: bytes) -> Layer:
+def of_members(layer: Layer, members: list[layer_tar.Member], uname: bytes) -> LayerTar:
     """A layer of these members (what ADD of a tar holding them commits)."""
-    members = tars.walk_order(members)
-    tars.check(members)
-    return Layer(folder, members, tars.digest(members, uname), tars.size_of(members), created_by, uname)
+    members = layer_tar.walk_order(members)
+    layer_tar.check(members)
+    return LayerTar(layer.name, members, layer_tar.digest(members, uname), layer_tar.size_of(members),
+                    layer.instruction, uname)  # fmt: skip
 
 
-def runtime_config(parent: dict[str, Any], image: ImageConfig, labels: dict[str, str]) -> dict[str, Any]:
-    """The parent's config with what the runtime part of the Dockerfile sets."""
+def derive_config(parent: dict[str, Any], labels: dict[str, str], image: ImageConfig | None = None,
+                  ports: tuple[int, ...] = ()) -> dict[str, Any]:
+    """The one way an image's config is made: its parent's, with what the Dockerfile sets on
+    top (a runtime base image's ENV, USER, WORKDIR, HEALTHCHECK, ENTRYPOINT and CMD; a model
+    image's EXPOSE), and the labels added."""
     config = dict(parent.get("Config") or {})
     config.pop("Image", None)
-    env = [item for item in config.get("Env") or [] if item.split("=", 1)[0] not in {k for k, _ in image.env}]
-    config["Env"] = [*env, *(f"{k}={v}" for k, v in image.env)]
-    config["User"] = image.user
-    config["WorkingDir"] = image.workdir
-    config["Healthcheck"] = {
-        "Test": ["CMD", *image.healthcheck], "Interval": image.health_interval * NS,
-        "Timeout": image.health_timeout * NS, "StartPeriod": image.health_start * NS, "Retries": image.health_retries,
-    }  # fmt: skip
-    config["Entrypoint"] = list(image.entrypoint)
-    config["Cmd"] = list(image.cmd)
-    config["Labels"] = {**(config.get("Labels") or {}), **labels}
-    return config
-
-
-def model_config(parent: dict[str, Any], ports: tuple[int, ...], labels: dict[str, str]) -> dict[str, Any]:
-    config = dict(parent.get("Config") or {})
-    config.pop("Image", None)
+    if image is not None:
+        env = [item for item in config.get("Env") or [] if item.split("=", 1)[0] not in {k for k, _ in image.env}]
+        config["Env"] = [*env, *(f"{k}={v}" for k, v in image.env)]
+        config["User"] = image.user
+        config["WorkingDir"] = image.workdir
+        config["Healthcheck"] = {
+            "Test": ["CMD", *image.healthcheck], "Interval": image.health_interval * NS,
+            "Timeout": image.health_timeout * NS, "StartPeriod": image.health_start * NS,
+            "Retries": image.health_retries,
+        }  # fmt: skip
+        config["Entrypoint"] = list(image.entrypoint)
+        config["Cmd"] = list(image.cmd)
     if ports:
         config["ExposedPorts"] = {**(config.get("ExposedPorts") or {}), **{f"{p}/tcp": {} for p in ports}}
     config["Labels"] = {**(config.get("Labels") or {}), **labels}
@@ -149,7 +154,7 @@ def archive(images: list[Image]) -> Iterator[bytes]:
                 path = f"{lay.diff_id.split(':', 1)[1]}/layer.tar"
                 paths.append(path)
                 yield _member_header(path, lay.size)
-                yield from tars.chunks(lay.members, lay.uname)
+                yield from layer_tar.chunks(lay.members, lay.uname)
                 yield _padding(lay.size)
             yield _member_header(config_name, len(config)) + config + _padding(len(config))
             manifest.append({"Config": config_name, "RepoTags": [_repo_tag(image.tag)] if image.tag else None,
@@ -163,7 +168,7 @@ def archive(images: list[Image]) -> Iterator[bytes]:
 
 def _member_header(name: str, size: int) -> bytes:
     info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = size, 0o644, contexts.MTIME
+    info.size, info.mode, info.mtime = size, 0o644, MTIME
     return info.tobuf(format=tarfile.USTAR_FORMAT)
 
 
@@ -206,27 +211,28 @@ def load(client: Any, images: list[Image]) -> str:
 # does this engine write layer tars as `layers` does?
 
 _PROBE_DOCKERFILE = b"FROM scratch\nCOPY probe/ /\nADD owned.tar /\n"
-_PROBE_OWNED = [tars.Member("opt", 0o755, contexts.MTIME), tars.Member("opt/gpux", 0o755, contexts.MTIME),
-                tars.Member("opt/gpux/cache", 0o755, contexts.MTIME, uid=10001, gid=10001)]  # fmt: skip
+_PROBE_OWNED = [layer_tar.Member("opt", 0o755, MTIME), layer_tar.Member("opt/gpux", 0o755, MTIME),
+                layer_tar.Member("opt/gpux/cache", 0o755, MTIME, uid=10001, gid=10001)]  # fmt: skip
+_PROBE = Layer("probe", "/")
 
 
-def probe_context() -> contexts.Context:
+def probe_context() -> Context:
     """Folders, an executable, a name long enough for the prefix split, names that sort
     differently by path and by component ("a-b" and "a/b")."""
     long_name = "probe/opt/gpux/" + "d" * 60 + "/" + "f" * 90 + ".py"
-    return contexts.Context(tuple(sorted([
-        contexts.Entry("Dockerfile", data=_PROBE_DOCKERFILE),
-        contexts.Entry("probe/opt/gpux/a.so", data=b"\x7fELF" + b"x" * 700, mode=0o755),
-        contexts.Entry("probe/opt/gpux/a/b.py", data=b""),
-        contexts.Entry("probe/opt/gpux/a-b.py", data=b"x = 1\n"),
-        contexts.Entry("owned.tar", data=_owned_tar()),
-        contexts.Entry(long_name, data=b"print('gpux')\n"),
+    return Context(tuple(sorted([
+        Entry("Dockerfile", data=_PROBE_DOCKERFILE),
+        Entry("probe/opt/gpux/a.so", data=b"\x7fELF" + b"x" * 700, mode=0o755),
+        Entry("probe/opt/gpux/a/b.py", data=b""),
+        Entry("probe/opt/gpux/a-b.py", data=b"x = 1\n"),
+        Entry("owned.tar", data=_owned_tar()),
+        Entry(long_name, data=b"print('gpux')\n"),
     ], key=lambda e: e.name)))  # fmt: skip
 
 
 def _owned_tar() -> bytes:
     out = io.BytesIO()
-    tars.write(out, _PROBE_OWNED, b"")
+    layer_tar.write(out, _PROBE_OWNED, b"")
     return out.getvalue()
 
 
@@ -276,7 +282,7 @@ def _probe(client: Any, cached: Path) -> bytes | None:
     ctx = probe_context()
     image_id = None
     try:
-        with contexts.tar(ctx) as fileobj:
+        with temporary_tar(ctx) as fileobj:
             for event in client.api.build(fileobj=fileobj, custom_context=True, rm=True, forcerm=True, decode=True,
                                           labels={"io.gpux.pack.role": "engine-check"}):  # fmt: skip
                 if "aux" in event and isinstance(event["aux"], dict):
@@ -300,12 +306,12 @@ def _probe(client: Any, cached: Path) -> bytes | None:
     found = None
     for uname in ("root", ""):
         try:
-            ours = [layer(ctx, "probe", "", uname.encode()).diff_id,
-                    of_members("owned", list(_PROBE_OWNED), "", uname.encode()).diff_id]
+            ours = [layer_of(ctx, _PROBE, uname.encode()).diff_id,
+                    of_members(_PROBE, list(_PROBE_OWNED), uname.encode()).diff_id]
             if ours == diff_ids:
                 found = uname
                 break
-        except tars.Unsupported:
+        except layer_tar.Unsupported:
             break
     try:
         staging.write_text(cached, json.dumps({"uname": found, "checked": time.time()}))

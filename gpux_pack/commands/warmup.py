@@ -5,9 +5,9 @@ The image's own `warmup` command runs in a container (the image's user, no netwo
 provider's device flags, a timeout, always removed). Its cache folder (one key: model,
 provider, library versions, device, shapes, options; see runtime/warm.py) is copied out and
 either written to a folder (`--export`, for a volume) or added to the image as one layer at
-/opt/gpux/warm/<key>/, with the image's config unchanged but for labels. That layer is
-assembled like every other (nothing is committed from the container), or built by the
-engine's builder from the same tar when assembly is not possible.
+/opt/gpux/warm/<key>/ (the layout's "warm" layer), with the image's config unchanged but for
+labels: the image maker's `derive`, assembled like every other layer (nothing is committed
+from the container) or built by the engine's builder from the same tar.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpux_pack import assemble
-from gpux_pack import context as contexts
-from gpux_pack import layers as tars
-from gpux_pack import staging
-from gpux_pack.engine import ROLE_LABEL, remove_container
+from gpux_pack import engine, staging
+from gpux_pack.engine import image_labels
 from gpux_pack.errors import BuildError, DockerError, PackError, UsageError
-from gpux_pack.plan import APP_DIR, BAKED_DIR, CACHE_DIR, created_now
+from gpux_pack.image import layer_tar
+from gpux_pack.image.context import MTIME
+from gpux_pack.image.layout import LAYERS
+from gpux_pack.image.maker import Maker, choose
+from gpux_pack.plan import CACHE_DIR
+from gpux_pack.providers import Devices
 from gpux_pack.reference import parse_reference
 from gpux_pack.runtime import warm
 from gpux_pack.ui import Reporter
@@ -38,44 +40,6 @@ TIMEOUT = 3600  # seconds: TensorRT engines of large models take minutes, not ho
 TAIL = 25
 MAX_CACHE_BYTES = 64 * 1024**3  # a cache folder larger than this is not copied out
 _KEY = re.compile(r"^[0-9a-f]{24}$")
-
-
-@dataclass(frozen=True)
-class Devices:
-    """What `docker run` would get as --gpus / --device / --group-add."""
-
-    gpus: str | None = None  # "all" or a count
-    devices: tuple[str, ...] = ()
-    groups: tuple[str, ...] = ()
-
-    def kwargs(self) -> dict[str, Any]:
-        import docker
-
-        out: dict[str, Any] = {}
-        if self.gpus:
-            count = -1 if self.gpus == "all" else int(self.gpus)
-            out["device_requests"] = [docker.types.DeviceRequest(count=count, capabilities=[["gpu"]])]
-        if self.devices:
-            out["devices"] = [f"{d}:{d}:rwm" for d in self.devices]
-        if self.groups:
-            out["group_add"] = list(self.groups)
-        return out
-
-
-def devices_for(provider: str, gpus: str | None, device: list[str]) -> Devices:
-    """The command line's flags, else the provider's (NVIDIA: all GPUs; AMD: /dev/kfd, /dev/dri)."""
-    if gpus is not None and gpus != "all" and not (gpus.isdigit() and 0 < int(gpus) < 1000):
-        raise UsageError(f"--gpus {gpus!r}: expected all or a number of GPUs")
-    for d in device:
-        if not re.fullmatch(r"/dev/[A-Za-z0-9._/-]{1,200}", d) or ".." in d.split("/"):
-            raise UsageError(f"--device {d!r}: expected a device path such as /dev/dri")
-    if gpus or device:
-        return Devices(gpus, tuple(device))
-    if provider in ("cuda", "tensorrt"):
-        return Devices("all")
-    if provider in ("rocm", "migraphx"):
-        return Devices(None, ("/dev/kfd", "/dev/dri"), ("video",))
-    return Devices()
 
 
 @dataclass(frozen=True)
@@ -91,14 +55,13 @@ class Warmed:
     assembled: bool = False
 
 
-def warm_image(client: Any, ref: str, ui: Reporter, *, tag: str | None = None, devices: Devices = Devices(),
-               export: Path | None = None, timeout: int = TIMEOUT) -> Warmed:
-    """Warm `ref` up in a container; export its cache or add it to a derived image."""
+def warm_image(client: Any, ref: str, ui: Reporter, maker: Maker | None = None, *, tag: str | None = None,
+               devices: Devices = Devices(), export: Path | None = None, timeout: int = TIMEOUT) -> Warmed:
+    """Warm `ref` up in a container; export its cache or add it to a derived image (made by
+    maker, or the engine's own choice)."""
     started = time.perf_counter()
-    image = _image(client, ref)
-    labels = image.attrs["Config"].get("Labels") or {}
-    if not labels.get("io.gpux.pack.version"):
-        raise UsageError(f"{ref}: not an image built by gpux-pack (no io.gpux.pack.version label)")
+    found = image_labels.read(client, ref)
+    image, labels = found.image, found.labels
     if export is None and tag is None:
         tag = default_tag(ref, image)
     with tempfile.TemporaryDirectory(prefix="gpux-warm-") as tmp:
@@ -120,8 +83,10 @@ def warm_image(client: Any, ref: str, ui: Reporter, *, tag: str | None = None, d
         if folder is None:
             image.tag(*parse_reference(tag).repository_tag)
             return Warmed(key, short, record, state, time.perf_counter() - started, tag=tag, id=image.id)
-        image_id, assembled = _derive(client, image, folder, key, record, tag, ui)
-    return Warmed(key, short, record, state, time.perf_counter() - started, tag=tag, id=image_id, assembled=assembled)
+        maker = maker or choose(client, ui)
+        derived = maker.derive(image.id, tag, warm_members(folder, key), warm_labels(key, record), f"warmup cache {key}")
+    return Warmed(key, short, record, state, time.perf_counter() - started, tag=tag, id=derived.id,
+                  assembled=derived.assembled)
 
 
 def default_tag(ref: str, image: Any) -> str:
@@ -136,30 +101,19 @@ def _short(parts: dict[str, Any], key: str) -> str:
     return warm.short(parts) if parts else (key[:6] or "none")
 
 
-def _image(client: Any, ref: str) -> Any:
-    import docker
-
-    try:
-        return client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        raise UsageError(f"{ref}: no such image on this Docker engine") from None
-    except docker.errors.APIError as e:
-        raise DockerError(f"cannot inspect {ref}: {str(e).splitlines()[0][:300]}") from None
-
-
 def _run(client: Any, image_id: str, ui: Reporter, devices: Devices, timeout: int,
          tmp: Path) -> tuple[dict[str, Any], Path | None]:
     """Run `warmup` in a container; (its state, the compiled cache folder copied to tmp, or
     None when it found a valid cache and compiled nothing)."""
     import docker
 
-    flags = devices.kwargs()
+    flags = engine.container_devices(devices)
     ui.info(f"warmup: running the model in a container{' with ' + ', '.join(flags) if flags else ''}")
     container = None
     try:
         container = client.containers.create(
             image_id, command=["warmup"], environment={"GPUX_CACHE_DIR": CACHE_DIR}, network_disabled=True,
-            labels={ROLE_LABEL: "warmup"}, **flags,
+            labels={engine.ROLE_LABEL: "warmup"}, **flags,
         )  # fmt: skip
         container.start()
         try:
@@ -192,7 +146,7 @@ def _run(client: Any, image_id: str, ui: Reporter, devices: Devices, timeout: in
         raise DockerError(f"warmup: the Docker engine refused: {str(e).splitlines()[0][:300]}") from None
     finally:
         if container is not None:
-            remove_container(container)
+            engine.remove_container(container)
 
 
 def _copy_out(container: Any, source: str, key: str, tmp: Path) -> Path:
@@ -247,10 +201,10 @@ def _export(folder: Path, export: Path, key: str) -> Path:
         raise UsageError(f"--export {export}: {e.strerror or e}") from None
 
 
-def warm_members(folder: Path, key: str) -> list[tars.Member]:
+def warm_members(folder: Path, key: str) -> list[layer_tar.Member]:
     """The layer: /opt/gpux/warm/<key>/..., root-owned and read-only to the image's user, its
     parents as the earlier layers made them."""
-    return tars.tree(folder, f"{BAKED_DIR}/{key}", contexts.MTIME)
+    return layer_tar.tree(folder, f"{LAYERS['warm'].lands}/{key}", MTIME)
 
 
 def warm_labels(key: str, record: dict[str, Any]) -> dict[str, str]:
@@ -260,42 +214,3 @@ def warm_labels(key: str, record: dict[str, Any]) -> dict[str, str]:
         if parts.get(name):
             labels[f"io.gpux.warmup.key.{name}"] = str(parts[name])[:200]
     return labels
-
-
-def _derive(client: Any, image: Any, folder: Path, key: str, record: dict[str, Any], tag: str,
-            ui: Reporter) -> tuple[str, bool]:
-    """The image plus one layer (the cache) and the baked labels; nothing else changes."""
-    members = warm_members(folder, key)
-    labels = warm_labels(key, record)
-    uname = assemble.engine_uname(client)
-    if uname is not None:
-        try:
-            layer = assemble.of_members("warm", members, "ADD warm.tar /", uname)
-            parent = client.api.inspect_image(image.id)
-            config = dict(parent.get("Config") or {})
-            config.pop("Image", None)
-            config["Labels"] = {**(config.get("Labels") or {}), **labels}
-            derived = assemble.Image(
-                tag=tag, parent=parent, parent_history=client.api.history(image.id), layers=[layer], config=config,
-                history=[(f"gpux-pack (assembled, nothing ran): ADD warm.tar / (warmup cache {key})", False),
-                         ("gpux-pack (assembled, nothing ran): LABEL io.gpux.warmup=baked ...", True)],
-                created=created_now(),
-            )  # fmt: skip
-            ui.info(f"warmup: assembling {tag} (+1 layer, {layer.size / 1e6:.1f} MB; nothing runs)")
-            return assemble.load(client, [derived]), True
-        except tars.Unsupported as e:
-            ui.info(f"building with the engine's builder: {e}")
-    from gpux_pack.build import build_context
-    from gpux_pack.render import warm_dockerfile
-
-    data = io.BytesIO()
-    tars.write(data, members, b"")
-    ctx = contexts.Context(tuple(sorted([
-        contexts.Entry("Dockerfile", data=warm_dockerfile(image.id, labels).encode()),
-        contexts.Entry("warm.tar", data=data.getvalue()),
-    ], key=lambda e: e.name)))  # fmt: skip
-    built = build_context(client, ctx, tag, ui, False, None, title=f"building {tag} (+1 layer: the warmup cache)")
-    return built.id, False
-
-
-__all__ = ["APP_DIR", "Devices", "Warmed", "devices_for", "warm_image"]

@@ -1,4 +1,4 @@
-"""Plan + lock -> Dockerfile text, through the Jinja2 templates in templates/.
+"""Plan -> Dockerfile text, through the Jinja2 templates in templates/.
 
 Three parts come from one template family: "runtime" (a provider's runtime base image: base,
 installed packages, runtime), "model" (a model image on top of it: model, gpux.json) and
@@ -13,18 +13,18 @@ from __future__ import annotations
 import re
 import shlex
 from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from gpux_pack import __version__, plan as planning
-from gpux_pack.plan import Plan
-from gpux_pack.providers import BaseImage, Provider
+from gpux_pack import __version__
+from gpux_pack.image.layout import LAYERS
+from gpux_pack.plan import APP_DIR, PYTHON, SITE, Plan, RuntimeBase, image_config
+from gpux_pack.providers import Provider
 from gpux_pack.reference import parse_reference
+from gpux_pack.sources import templates_dir
 
-LINKCHECK = f"{planning.APP_DIR}/runtime/gpux_runtime/linkcheck.py"
+LINKCHECK = f"{LAYERS['runtime'].lands}/linkcheck.py"
 # Every character some parser or editor takes as the end of a line (str.splitlines' set).
 LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _CONTINUATION = " \\\n"  # what label_lines itself writes between key="value" pairs
@@ -34,14 +34,6 @@ _LABEL_KEY = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]*[A-Za-z0-9])?", re.ASCII
 class RenderError(Exception):
     """A value that cannot be written into its Dockerfile context: a bug upstream, since
     config and plan validate every value first. Never caught silently."""
-
-
-def templates_dir() -> Path:
-    """Inside the wheel: gpux_pack/templates. In a source checkout: <repo>/templates."""
-    packaged = Path(str(resources.files("gpux_pack"))) / "templates"
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parent.parent / "templates"
 
 
 def _one_line(text: str) -> str:
@@ -119,7 +111,7 @@ def environment() -> jinja2.Environment:
 def link_check_command(provider: Provider) -> str:
     """The build step that proves the provider's libraries resolve in the image (shell-quoted:
     the library globs are for the check, not for the shell)."""
-    cmd = [planning.PYTHON, LINKCHECK, "--provider", provider.execution_providers[0]]
+    cmd = [PYTHON, LINKCHECK, "--provider", provider.ep]
     for flag, values in (("--lib", provider.libraries), ("--dlopen", provider.dlopen),
                          ("--dir", provider.library_dirs), ("--driver", provider.driver_libs)):
         for value in values:
@@ -136,10 +128,11 @@ def _render(provider: Provider, **values: Any) -> str:
     text = template.render(
         pack_version=__version__,
         provider=provider,
-        site=planning.SITE,
-        python=planning.PYTHON,
-        app=planning.APP_DIR,
-        image=planning.image_config(provider),
+        site=SITE,
+        python=PYTHON,
+        app=APP_DIR,
+        image=image_config(provider),
+        layers=LAYERS,
         **values,
     )
     lines = [line.rstrip() for line in text.split("\n")]  # "\n" only: str.splitlines splits on U+2028 too
@@ -153,55 +146,42 @@ def _render(provider: Provider, **values: Any) -> str:
 def dockerfile(plan: Plan, part: str = "model") -> str:
     """The model image. part "model": on the plan's runtime base image (what `build` sends);
     "image": self-contained, from the base image (what `render` writes), with the same layers."""
-    lock = plan.lock
-    ort_version = (lock.version_of(plan.provider.ort) if lock else None) or "unknown"
     return _render(
         plan.provider,
         part=part,
-        runtime_base=plan.runtime_base if part == "model" else None,
+        runtime_base=plan.runtime_base.tag if part == "model" else None,
         name=plan.name,
         version=plan.version,
         tag=plan.tag,
         base_image=plan.base.image,
-        system_packages=plan.base.packages(),
+        system_packages=plan.base.apt_packages(),
         link_check=link_check_command(plan.provider) if plan.link_check == "image" else None,
         host_check=plan.link_check == "host",
         ports=plan.ports,
-        labels=planning.labels(plan, ort_version),
+        labels=plan.labels,
     )
 
 
-def runtime_dockerfile(provider: Provider, base: BaseImage, link_check: str = "host", tag: str | None = None) -> str:
+def runtime_base_dockerfile(runtime_base: RuntimeBase, tag: str | None = None) -> str:
     """A provider's runtime base image. Depends only on the table and the templates, so the
     files in base-images/ are rendered from the same data as every model image."""
     return _render(
-        provider,
+        runtime_base.provider,
         part="runtime",
         runtime_base=None,
         name=None,
         version=None,
         tag=tag,
-        base_image=base.image,
-        system_packages=base.packages(),
-        link_check=link_check_command(provider) if link_check == "image" else None,
-        host_check=link_check == "host",
+        base_image=runtime_base.base.image,
+        system_packages=runtime_base.apt_packages,
+        link_check=link_check_command(runtime_base.provider) if runtime_base.link_check == "image" else None,
+        host_check=runtime_base.link_check == "host",
         ports=(),
-        labels=runtime_labels(provider, base),
+        labels=runtime_base.labels,
     )
 
 
-def runtime_labels(provider: Provider, base: BaseImage) -> dict[str, str]:
-    return {
-        "org.opencontainers.image.title": f"gpux runtime for {provider.name}",
-        "org.opencontainers.image.description": f"{provider.ort} {provider.version} and the gpux runtime, without a model",
-        "org.opencontainers.image.base.name": base.image,
-        "io.gpux.provider": provider.name,
-        "io.gpux.onnxruntime.version": provider.version,
-        "io.gpux.pack.version": __version__,
-    }
-
-
 def warm_dockerfile(image: str, labels: dict[str, str]) -> str:
-    """The Dockerfile of a warmed image, for the builder (see warmup.py)."""
+    """The Dockerfile of a warmed image, for the builder (see commands/warmup.py)."""
     return environment().get_template("warm.Dockerfile.j2").render(pack_version=__version__, image=image,
-                                                                   labels=labels)
+                                                                   labels=labels, layers=LAYERS)

@@ -20,22 +20,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from gpux_pack import providers
+from gpux_pack.engine import image_labels
 from gpux_pack.errors import UsageError
-from gpux_pack.plan import CACHE_DIR
-from gpux_pack.push import digest_of
-from gpux_pack.warmup import _image
+from gpux_pack.plan import CACHE_DIR, UID
+from gpux_pack.providers import DEVICES
+from gpux_pack.registry.push import digest_of
+from gpux_pack.runtime.settings import DRAIN_SECONDS
 
-DRAIN_SECONDS = 8  # the runtime's GPUX_DRAIN_SECONDS default
-GRACE_SECONDS = DRAIN_SECONDS + 7  # SIGTERM -> drain -> exit, with room to spare
-UID = 10001
-# what a pod requests for each accelerator (device plugins' resource names)
-RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "gpu.intel.com/i915"}
-TARGETS = ("compose", "kubernetes", "kserve")
+GRACE_SECONDS = int(DRAIN_SECONDS) + 7  # SIGTERM -> drain -> exit, with room to spare
 
 
 @dataclass(frozen=True)
@@ -51,29 +48,20 @@ class Subject:
 
 
 def subject(client: Any, ref: str) -> Subject:
-    image = _image(client, ref)
-    labels = image.attrs["Config"].get("Labels") or {}
-    if not labels.get("io.gpux.provider") or not labels.get("io.gpux.port", "").isdigit():
-        raise UsageError(f"{ref}: not an image built by gpux-pack (no io.gpux.provider / io.gpux.port labels)")
+    image = image_labels.read(client, ref)
     pinned = ref if re.search(r"@sha256:[0-9a-f]{64}$", ref) else digest_of(client, ref)
     if pinned is None:
         raise UsageError(f"{ref} has no registry digest to pin: push it first (gpux-pack push {ref})")
-    provider = providers.get(labels["io.gpux.provider"])
-    name = re.sub(r"[^a-z0-9-]+", "-", labels.get("io.gpux.model.name", "model").lower()).strip("-")[:50] or "model"
-    grpc = labels.get("io.gpux.grpc_port", "")
-    return Subject(pinned, name, provider.name, provider.device, int(labels["io.gpux.port"]),
-                   int(grpc) if grpc.isdigit() else None)  # fmt: skip
+    provider = providers.get(image.provider)
+    name = re.sub(r"[^a-z0-9-]+", "-", image.model_name.lower()).strip("-")[:50] or "model"
+    return Subject(pinned, name, provider.name, provider.device, image.port, image.grpc_port)
 
 
 def manifests(s: Subject, target: str) -> dict[str, str]:
     """File name -> YAML text."""
-    if target == "compose":
-        return {"compose.yaml": _dump([compose(s)])}
-    if target == "kubernetes":
-        return {f"{s.name}.yaml": _dump(kubernetes(s))}
-    if target == "kserve":
-        return {f"{s.name}-inferenceservice.yaml": _dump([kserve(s)])}
-    raise UsageError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
+    if target not in TARGETS:
+        raise UsageError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
+    return TARGETS[target](s)
 
 
 def _dump(docs: list[dict[str, Any]]) -> str:
@@ -93,14 +81,14 @@ def compose(s: Subject) -> dict[str, Any]:
         "stop_grace_period": f"{GRACE_SECONDS}s",
         "restart": "unless-stopped",
     }
-    if s.device == "nvidia":
+    device = DEVICES.get(s.device or "")
+    if device and device.gpus:  # Compose's GPU reservation (the NVIDIA runtime)
         service["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}  # fmt: skip
-    elif s.device == "amd":
-        service["devices"] = ["/dev/kfd", "/dev/dri"]
-        service["group_add"] = ["video"]
-    elif s.device == "intel":
-        service["devices"] = ["/dev/dri"]
+            {"driver": s.device, "count": device.gpus, "capabilities": ["gpu"]}]}}}  # fmt: skip
+    if device and device.devices:
+        service["devices"] = list(device.devices)
+    if device and device.groups:
+        service["group_add"] = list(device.groups)
     return {"services": {s.name: service}, "volumes": {"gpux-cache": {}}}
 
 
@@ -125,8 +113,9 @@ def _container(s: Subject, name: str, ports: list[dict[str, Any]]) -> dict[str, 
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR}],
     })  # fmt: skip
-    if s.device in RESOURCES:
-        container["resources"] = {"limits": {RESOURCES[s.device]: 1}}
+    device = DEVICES.get(s.device or "")
+    if device and device.kubernetes:
+        container["resources"] = {"limits": {device.kubernetes: 1}}
     return container
 
 
@@ -175,6 +164,14 @@ def kserve(s: Subject) -> dict[str, Any]:
             "prometheus.kserve.io/port": str(s.port), "prometheus.kserve.io/path": "/metrics"}},
         "spec": {"predictor": predictor},
     }  # fmt: skip
+
+
+# --target: name -> file name -> YAML text
+TARGETS: dict[str, Callable[[Subject], dict[str, str]]] = {
+    "compose": lambda s: {"compose.yaml": _dump([compose(s)])},
+    "kubernetes": lambda s: {f"{s.name}.yaml": _dump(kubernetes(s))},
+    "kserve": lambda s: {f"{s.name}-inferenceservice.yaml": _dump([kserve(s)])},
+}
 
 
 def write(files: dict[str, str], output: Path | None) -> list[Path]:

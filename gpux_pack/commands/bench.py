@@ -16,13 +16,12 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from gpux_pack import engine, launch
+from gpux_pack import engine
+from gpux_pack.commands.run import start
 from gpux_pack.errors import DockerError
+from gpux_pack.plan import PYTHON
+from gpux_pack.runtime.dtypes import DTYPES, V2_TO_NAME
 from gpux_pack.ui import Reporter
-
-NUMPY = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32,
-         "INT16": np.int16, "INT8": np.int8, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-         "UINT64": np.uint64, "BOOL": np.bool_}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -43,9 +42,9 @@ class Result:
 
 
 def bench(client: Any, image: str, ui: Reporter, runs: int, concurrency: int) -> Result:
-    started = launch.start(client, image, ui)
+    started = start(client, image, ui)
     try:
-        code, out = started.container.exec_run(["python3", "-m", "gpux_runtime", "bench", "--runs", str(runs)])
+        code, out = started.container.exec_run([PYTHON, "-m", "gpux_runtime", "bench", "--runs", str(runs)])
         if code != 0:
             raise DockerError(f"{image}: the model benchmark failed in the container: "
                               f"{out.decode(errors='replace').strip().splitlines()[-1:]}")  # fmt: skip
@@ -78,7 +77,7 @@ def _request(url: str) -> tuple[bytes, dict[str, str], str]:
         if t["datatype"] == "BYTES":
             blob = b"".join(len(b"a").to_bytes(4, "little") + b"a" for _ in range(int(np.prod(shape))))
         else:
-            kind = NUMPY[t["datatype"]]
+            kind = np.dtype(DTYPES[V2_TO_NAME[t["datatype"]]][0]).type
             arr = rng.random(shape).astype(kind) if np.issubdtype(kind, np.floating) else np.zeros(shape, kind)
             blob = arr.tobytes()
         items.append({"name": t["name"], "shape": shape, "datatype": t["datatype"],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpux_pack import staging
 from gpux_pack.errors import UsageError
-from gpux_pack.wheels import cache_dir
+from gpux_pack.staging import cache_dir
 
 KINDS = {
     "wheels": "downloaded wheel files (*.whl)",
@@ -64,7 +64,7 @@ def kinds() -> list[Kind]:
 
 
 def used(path: Path) -> float:
-    """When the entry was last used (see wheels.touch)."""
+    """When the entry was last used (see staging.touch)."""
     st = path.lstat()
     return st.st_mtime if path.is_dir() and not path.is_symlink() else max(st.st_atime, st.st_mtime)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpux_pack.errors import DockerError
-from gpux_pack.push import explain
+from gpux_pack.registry.push import explain
 from gpux_pack.reference import parse_reference
 
 INDEX = "application/vnd.oci.image.index.v1+json"

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gpux_pack import safe_yaml
-from gpux_pack.config import CONFIG_NAMES, GpuxConfig, _hint
+from gpux_pack.project import safe_yaml
+from gpux_pack.project.config import CONFIG_NAMES, GpuxConfig, hint
 from gpux_pack.errors import ConfigError, UsageError
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def _message(item: dict[str, Any]) -> str:
     kind, loc = item["type"], item["loc"]
     if kind == "extra_forbidden":
         allowed = _fields_at(loc[:-1])
-        return f"unknown key '{loc[-1]}'{_hint(str(loc[-1]), allowed)}"
+        return f"unknown key '{loc[-1]}'{hint(str(loc[-1]), allowed)}"
     if kind == "missing":
         return "is required"
     msg = item["msg"]

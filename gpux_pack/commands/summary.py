@@ -60,7 +60,7 @@ class BuildSummary(_Model):
     seconds: float
 
 
-def schema() -> dict[str, Any]:
+def json_schema() -> dict[str, Any]:
     out = BuildSummary.model_json_schema()
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["title"] = "gpux-pack build --json"

@@ -20,13 +20,16 @@ import shutil
 import stat
 import struct
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from gpux_pack import staging
+from gpux_pack.engine import ROLE_LABEL, base_image, remove_container, short_error
 from gpux_pack.errors import DockerError, PackError, UsageError
+from gpux_pack.providers import BaseImage
 from gpux_pack.runtime.linkcheck import MACHINES, TRIPLETS, ElfInfo, Tree, arch_of, system_dirs
-from gpux_pack.wheels import cache_dir, touch
+from gpux_pack.staging import cache_dir, touch
 
 ARCHES = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
 COMPACT_ABOVE = 8 << 20  # libraries larger than this keep only what the link check reads
@@ -36,6 +39,23 @@ _LIB = re.compile(r"\.so(\.[0-9][^/]*)?$")  # libfoo.so, libfoo.so.1, libfoo.so.
 _CONF = re.compile(r"^etc/ld\.so\.conf(\.d/[^/]+)?$")
 _PYTHON = re.compile(r"^(usr/(local/)?)?bin/python3(\.\d+)?$")
 _PYLIB = re.compile(r"^usr/(local/)?lib(64)?/python3\.\d+$")
+
+
+def inspect_base(client: Any, base: BaseImage, platform: str | None, python: str | None, pull: bool,
+                 log: Callable[[str], None], for_platform: bool = False) -> BaseImage | None:
+    """Python, glibc and architecture of the base image, read on the host from its files
+    (exported once per image id; nothing runs, so a foreign architecture works). None when it
+    is absent and not to be pulled (the plan then assumes the table's facts). for_platform (one
+    of several platforms): a base present for another platform is pulled for this one (one
+    multi-platform base serves all); otherwise a mismatch is the user's to fix."""
+    attrs = base_image(client, base.image, pull, log, platform if for_platform else None)
+    if attrs is None:
+        return None
+    root = export(client, base.image, log)
+    arch = "/".join(filter(None, [attrs.get("Architecture") or "amd64", attrs.get("Variant")]))
+    found, glibc, machine = facts(root, arch, base.image, require_python=base.has_python)
+    return replace(base, python=found or python or base.python, glibc=glibc, arch=machine, probed=True,
+                   id=attrs["Id"], rootfs=str(root), ld_library_path=tuple(library_path(attrs)))
 
 
 def export(client: Any, image: str, log: Callable[[str], None] | None = None) -> Path:
@@ -51,7 +71,7 @@ def export(client: Any, image: str, log: Callable[[str], None] | None = None) ->
             f"base image {image} is not present; pull or load it, or pick another with --base-image"
         ) from None
     except Exception as e:
-        raise DockerError(f"cannot inspect base image {image}: {_short(e)}") from None
+        raise DockerError(f"cannot inspect base image {image}: {short_error(e)}") from None
     key = image_id.replace(":", "-")
     final = cache_dir() / "rootfs" / key
     if final.is_dir():
@@ -76,7 +96,6 @@ def export(client: Any, image: str, log: Callable[[str], None] | None = None) ->
 
 def _export_to(client: Any, image: str, dest: Path) -> None:
     """Stream `docker export` of a created (never started) container through the filter."""
-    from gpux_pack.engine import ROLE_LABEL, remove_container
 
     container = None
     try:
@@ -89,22 +108,16 @@ def _export_to(client: Any, image: str, dest: Path) -> None:
     except PackError:
         raise
     except tarfile.TarError as e:
-        raise DockerError(f"cannot export base image {image}: unreadable archive ({_short(e)})") from None
+        raise DockerError(f"cannot export base image {image}: unreadable archive ({short_error(e)})") from None
     except Exception as e:
         import requests
 
         if isinstance(e, OSError) and not isinstance(e, requests.RequestException):  # this host's disk
             raise DockerError(f"cannot write the base image's files under {dest.parent}: {e.strerror or e}") from None
-        raise DockerError(f"cannot export base image {image}: {_short(e)}") from None  # the engine
+        raise DockerError(f"cannot export base image {image}: {short_error(e)}") from None  # the engine
     finally:
         if container is not None:
             remove_container(container)
-
-
-def _short(e: BaseException) -> str:
-    from gpux_pack.engine import _short as short
-
-    return short(e)
 
 
 class _Chunks(io.RawIOBase):

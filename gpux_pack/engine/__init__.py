@@ -1,5 +1,8 @@
-"""Talking to the Docker engine (outside of builds): connect, host facts, base images,
-image labels. Every engine failure becomes one DockerError line with a hint."""
+"""Talking to the Docker engine (outside of builds): connect, host facts, base images, images
+and containers. Every engine failure becomes one DockerError line with a hint.
+
+Beside it: rootfs.py (a base image's files, read on the host) and image_labels.py (what an
+image built by gpux-pack says of itself)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpux_pack.errors import DockerError, UsageError
-from gpux_pack.providers import HostInfo
+from gpux_pack.providers import Devices, HostInfo
 from gpux_pack.reference import parse_reference
 from gpux_pack.runtime.warm import cpu_vendor
 
@@ -26,7 +29,7 @@ def connect() -> Any:
         client = docker.from_env(timeout=600)
         client.ping()
     except Exception as e:
-        reason = _short(e)
+        reason = short_error(e)
         raise DockerError(
             f"cannot reach the Docker engine at {where} ({reason}); start Docker, or set DOCKER_HOST"
         ) from None
@@ -40,7 +43,8 @@ def try_connect() -> Any | None:
         return None
 
 
-def _short(e: BaseException) -> str:
+def short_error(e: BaseException) -> str:
+    """An engine error in a few words (its first line, or what kind of refusal it was)."""
     text = str(e)
     for marker in ("Connection refused", "No such file or directory", "Permission denied", "timed out"):
         if marker in text:
@@ -57,7 +61,7 @@ def host_info(client: Any, dev: Path = Path("/dev"), sys_drm: Path = Path("/sys/
     try:
         info = client.info()
     except Exception as e:
-        raise DockerError(f"docker info failed: {_short(e)}") from None
+        raise DockerError(f"docker info failed: {short_error(e)}") from None
     local = _is_local(client)
     host = host_from(info, dev if local else None, sys_drm if local else None)
     return replace(host, cpu=cpu_vendor()) if local else host
@@ -110,7 +114,7 @@ def base_image(client: Any, image: str, pull: bool, log: Callable[[str], None],
         if not pull:
             return None
     except docker.errors.APIError as e:
-        raise DockerError(f"cannot inspect base image {image}: {_short(e)}") from None
+        raise DockerError(f"cannot inspect base image {image}: {short_error(e)}") from None
     log(f"pulling base image {image}{f' for {platform}' if platform else ''}")
     repo, tag = parse_reference(image).repository_tag
     try:
@@ -119,7 +123,7 @@ def base_image(client: Any, image: str, pull: bool, log: Callable[[str], None],
     except Exception as e:
         raise DockerError(
             f"base image {image} is not present{f' for {platform}' if platform else ''} and cannot be pulled "
-            f"({_short(e)}); pull or load it, or pick another with --base-image"
+            f"({short_error(e)}); pull or load it, or pick another with --base-image"
         ) from None
 
 
@@ -153,22 +157,36 @@ def image_exists(client: Any, ref: str) -> bool:
     except docker.errors.ImageNotFound:
         return False
     except docker.errors.APIError as e:
-        raise DockerError(f"cannot inspect {ref}: {_short(e)}") from None
+        raise DockerError(f"cannot inspect {ref}: {short_error(e)}") from None
 
 
-def image_labels(client: Any, ref: str) -> dict[str, Any]:
+def inspect_parent(client: Any, ref: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An image's `docker image inspect` and `docker history` (newest first)."""
+    try:
+        return client.api.inspect_image(ref), client.api.history(ref)
+    except Exception as e:
+        raise DockerError(f"cannot inspect {ref}: {str(e).splitlines()[0][:300]}") from None
+
+
+def remove_untagged(client: Any, image_id: str) -> None:
+    """A made image that never got its tag is garbage; one that is tagged elsewhere is kept."""
+    try:
+        if not client.images.get(image_id).tags:
+            client.images.remove(image_id, noprune=False)
+    except Exception:
+        pass
+
+
+def container_devices(devices: Devices) -> dict[str, Any]:
+    """The Docker SDK's keyword arguments that give a container these devices."""
     import docker
 
-    try:
-        img = client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        raise UsageError(f"{ref}: no such image") from None
-    except docker.errors.APIError as e:
-        raise DockerError(f"cannot inspect {ref}: {_short(e)}") from None
-    labels = img.labels or {}
-    return {
-        "image": ref,
-        "id": img.id,
-        "size_bytes": img.attrs.get("Size"),
-        "labels": {k: v for k, v in sorted(labels.items()) if k.startswith(("io.gpux.", "org.opencontainers."))},
-    }
+    out: dict[str, Any] = {}
+    if devices.gpus:
+        count = -1 if devices.gpus == "all" else int(devices.gpus)
+        out["device_requests"] = [docker.types.DeviceRequest(count=count, capabilities=[["gpu"]])]
+    if devices.devices:
+        out["devices"] = [f"{d}:{d}:rwm" for d in devices.devices]
+    if devices.groups:
+        out["group_add"] = list(devices.groups)
+    return out

@@ -15,8 +15,10 @@ the engine's builder.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Iterator
@@ -166,3 +168,14 @@ def tree(root: Path, image_path: str, mtime: int) -> list[Member]:
                 raise Unsupported(f"{path} is not a regular file")
             members.append(Member(f"{base}/{f}", 0o755 if st.st_mode & 0o111 else 0o644, mtime, source=path))
     return walk_order(members)
+
+
+def read_members(data: bytes) -> list[Member]:
+    """The members of a small tar written by `write` (a context's cache.tar), read back."""
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        for info in archive:
+            content = None if info.isdir() else (archive.extractfile(info) or io.BytesIO()).read()
+            out.append(Member(info.name.rstrip("/"), info.mode & 0o7777, int(info.mtime), data=content,
+                              uid=info.uid, gid=info.gid))  # fmt: skip
+    return out

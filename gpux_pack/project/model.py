@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpux_pack.config import TensorSpec
-from gpux_pack.project import Project
+from gpux_pack.project.config import TensorSpec
+from gpux_pack.project.load import Project
 from gpux_pack.errors import ModelError
 from gpux_pack.runtime.dtypes import ONNX_TO_NAME
 

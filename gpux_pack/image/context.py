@@ -20,19 +20,14 @@ from pathlib import Path
 from typing import IO
 
 from gpux_pack.errors import PackError, UsageError
-from gpux_pack import layers
-from gpux_pack.plan import APP_DIR, CACHE_DIR, SITE, USER, Plan
+from gpux_pack.image import layer_tar
+from gpux_pack.image.layout import LAYERS
+from gpux_pack.plan import UID, Plan
+from gpux_pack.sources import runtime_files
 from gpux_pack.wheels import Installed
 
 MTIME = 315532800  # 1980-01-01: fixed, and valid in every archive format
-RUNTIME_SRC = Path(__file__).resolve().parent / "runtime"
 MARKER = ".gpux-context"
-# layer folder -> where its tree lands in the image
-PACKAGES = "packages" + SITE
-RUNTIME = f"runtime{APP_DIR}/runtime/gpux_runtime"
-MODEL = f"model{APP_DIR}/model"
-CONFIG = f"config{APP_DIR}/gpux.json"
-CACHE_TAR = "cache.tar"  # GPUX_CACHE_DIR, an empty folder the image's user owns (ADD keeps owners)
 
 
 @dataclass(frozen=True)
@@ -63,17 +58,17 @@ class Context:
         return sorted(out)
 
 
-def assemble(plan: Plan, installed: Installed | None, dockerfile: str, runtime_json: dict) -> Context:
+def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> Context:
     """A model image's context; without installed packages it builds on a runtime base image."""
     entries = [
         Entry("Dockerfile", data=dockerfile.encode()),
         Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
-        Entry(CONFIG, data=_strict_json(runtime_json)),
+        Entry(LAYERS["config"].root, data=_strict_json(plan.gpux_json)),
     ]
     if installed is not None:
-        entries += _runtime_entries(installed)
+        entries += _runtime_base_entries(installed)
     folder = plan.model.path.parent
-    entries += [Entry(f"{MODEL}/{name}", source=folder / name) for name in plan.model.files]
+    entries += [Entry(f"{LAYERS['model'].root}/{name}", source=folder / name) for name in plan.model.files]
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
 
 
@@ -86,40 +81,41 @@ def _strict_json(value: dict) -> bytes:
         raise PackError(f"gpux.json: cannot write {e}") from None
 
 
-def assemble_runtime(installed: Installed, dockerfile: str) -> Context:
+def runtime_base_context(installed: Installed, dockerfile: str) -> Context:
     """A runtime base image's context: the installed packages and the runtime, no model."""
     entries = [Entry("Dockerfile", data=dockerfile.encode()), Entry(MARKER, data=b"runtime\n")]
-    entries += _runtime_entries(installed)
+    entries += _runtime_base_entries(installed)
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
 
 
-def _runtime_entries(installed: Installed) -> list[Entry]:
+def _runtime_base_entries(installed: Installed) -> list[Entry]:
+    packages, runtime = LAYERS["packages"].root, LAYERS["runtime"].root
     entries = []
     for path in sorted(installed.path.rglob("*")):
         if path.is_file() and not path.is_symlink():
             mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
-            entries.append(Entry(f"{PACKAGES}/{path.relative_to(installed.path).as_posix()}", source=path, mode=mode))
-    entries += [Entry(f"{RUNTIME}/{src.name}", source=src) for src in sorted(RUNTIME_SRC.glob("*.py"))]
-    entries.append(Entry(CACHE_TAR, data=cache_tar()))
+            entries.append(Entry(f"{packages}/{path.relative_to(installed.path).as_posix()}", source=path, mode=mode))
+    entries += [Entry(f"{runtime}/{src.name}", source=src) for src in runtime_files()]
+    entries.append(Entry(LAYERS["cache"].source, data=cache_tar()))
     return entries
 
 
-def cache_members(owner: str = USER) -> list[layers.Member]:
+def cache_members(uid: int = UID) -> list[layer_tar.Member]:
     """/opt/gpux/cache owned by the image's user, its parents as the COPY layers make them:
     COPY cannot own a folder without also owning its parents, ADD of a tar can."""
-    uid, gid = (int(x) for x in owner.split(":"))
-    parts = CACHE_DIR.strip("/").split("/")
-    members = [layers.Member("/".join(parts[: i + 1]), 0o755, MTIME) for i in range(len(parts) - 1)]
-    return [*members, layers.Member(CACHE_DIR.strip("/"), 0o755, MTIME, uid=uid, gid=gid)]
+    cache = LAYERS["cache"].lands.strip("/")
+    parts = cache.split("/")
+    members = [layer_tar.Member("/".join(parts[: i + 1]), 0o755, MTIME) for i in range(len(parts) - 1)]
+    return [*members, layer_tar.Member(cache, 0o755, MTIME, uid=uid, gid=uid)]
 
 
 def cache_tar() -> bytes:
     out = io.BytesIO()
-    layers.write(out, cache_members(), b"")
+    layer_tar.write(out, cache_members(), b"")
     return out.getvalue()
 
 
-def tar(ctx: Context) -> IO[bytes]:
+def temporary_tar(ctx: Context) -> IO[bytes]:
     """The context as a tar in a temporary file (CUDA packages are too big for memory)."""
     out = tempfile.TemporaryFile()
     _write_tar(ctx, out)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpux_pack import engine, providers
+from gpux_pack.engine import image_labels
 from gpux_pack.errors import DockerError, PackError, UsageError
 from gpux_pack.plan import CACHE_DIR
+from gpux_pack.providers import Devices
 from gpux_pack.ui import Reporter
-from gpux_pack.warmup import Devices, _image, devices_for
 
 ROLE = "run"
 
@@ -48,29 +49,20 @@ def start(client: Any, ref: str, ui: Reporter, port: int | None = None, bind: st
         ipaddress.ip_address(bind)
     except ValueError:
         raise UsageError(f"--bind {bind!r}: expected an IP address such as 127.0.0.1 or 0.0.0.0") from None
-    image = _image(client, ref)
-    labels = image.attrs["Config"].get("Labels") or {}
-    name = labels.get("io.gpux.provider")
-    if not name or not labels.get("io.gpux.port", "").isdigit():
-        raise UsageError(f"{ref}: not an image built by gpux-pack (no io.gpux.provider / io.gpux.port labels)")
-    inside = int(labels["io.gpux.port"])
+    image = image_labels.read(client, ref)
+    name, inside = image.provider, image.port
     provider = providers.get(name)
     ok, why = engine.host_info(client).can_run(provider)
-    devices, env = devices_for(name, None, []), {}
+    devices, env = providers.devices_for(provider), {}
     if not ok:
         if not cpu_fallback:
             raise NoDevice(f"{ref} {why}; this Docker host has none (run with --cpu-fallback to serve on CPU)")
         ui.info(f"{name} {why}, which this host lacks: serving on CPU (--cpu-fallback)")
         devices, env = Devices(), {"GPUX_PROVIDERS": "cpu"}
-    volume = "gpux-cache-" + re.sub(r"[^a-z0-9_.-]", "-", labels.get("io.gpux.model.name", "model").lower())[:60]
-    ports = {f"{inside}/tcp": (bind, port)}
-    if labels.get("io.gpux.grpc_port", "").isdigit():
-        ports[f"{labels['io.gpux.grpc_port']}/tcp"] = (bind, None)
     try:
         container = client.containers.run(
-            image.id, detach=True, read_only=True, tmpfs={"/tmp": "rw,size=1g"}, environment=env,
-            volumes={volume: {"bind": CACHE_DIR, "mode": "rw"}}, ports=ports,
-            labels={engine.ROLE_LABEL: ROLE, "io.gpux.image": ref[:200]}, **devices.kwargs(),
+            image.id, detach=True, environment=env, labels={engine.ROLE_LABEL: ROLE, "io.gpux.image": ref[:200]},
+            **container_options(image, devices, bind, port),
         )  # fmt: skip
     except Exception as e:
         raise DockerError(f"cannot start {ref}: {str(e).splitlines()[0][:300]}") from None
@@ -83,7 +75,23 @@ def start(client: Any, ref: str, ui: Reporter, port: int | None = None, bind: st
     except BaseException:
         engine.remove_container(container)
         raise
-    return Started(container, url, name, not ok, volume)
+    return Started(container, url, name, not ok, cache_volume(image.model_name))
+
+
+def cache_volume(model_name: str) -> str:
+    """The named volume at GPUX_CACHE_DIR: one per model, so its containers share their caches."""
+    return "gpux-cache-" + re.sub(r"[^a-z0-9_.-]", "-", model_name.lower())[:60]
+
+
+def container_options(image: image_labels.GpuxImage, devices: Devices, bind: str, port: int | None) -> dict[str, Any]:
+    """The Docker SDK's options that run an image as it is meant to run: read-only root, a
+    tmpfs /tmp, the cache volume, the ports published on bind, the provider's devices."""
+    ports: dict[str, Any] = {f"{image.port}/tcp": (bind, port)}
+    if image.grpc_port:
+        ports[f"{image.grpc_port}/tcp"] = (bind, None)
+    return {"read_only": True, "tmpfs": {"/tmp": "rw,size=1g"}, "ports": ports,
+            "volumes": {cache_volume(image.model_name): {"bind": CACHE_DIR, "mode": "rw"}},
+            **engine.container_devices(devices)}  # fmt: skip
 
 
 def _wait_ready(container: Any, url: str, timeout: float) -> None:
