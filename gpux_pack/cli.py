@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - older typer on real click
 
 from gpux_pack import __version__, engine, providers
 from gpux_pack.errors import BuildError, PackError
-from gpux_pack.plan import Options, image_tag
+from gpux_pack.plan import Options
 from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import ARCHES
@@ -99,12 +99,7 @@ def build_cmd(
     options = _options(tag, bases.get(None), platforms[0], warmup)
     for name in platforms[1:] if platforms[0] else ():
         _options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
-    cli = providers.parse_provider_list(provider)
-    loaded = build.load(path)
-    image_tag(loaded.project, "cpu", tag)  # a bad tag fails now, not after the build
-    build.check_model(loaded, cli)  # ... and so does a model the image's onnxruntime cannot load
-    client = engine.connect()
-    decision = build.choose_providers(loaded, cli, client, ui)
+    loaded, decision, client = build.start(path, provider, tag, engine.connect, ui)
     if tag and len(decision.providers) > 1 and "{provider}" not in tag:
         raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
     if (warmup or loaded.project.config.pack.warmup) != "never":  # a baked warmup wants the host's device
@@ -228,13 +223,8 @@ def plan_cmd(
     from gpux_pack.commands import build
 
     options = _options(tag, base_image, platform, warmup)
-    cli_providers = providers.parse_provider_list(provider)
-    loaded = build.load(path)
-    image_tag(loaded.project, "cpu", tag)
-    build.check_model(loaded, cli_providers)
     ui = Reporter(quiet=True)
-    client = engine.try_connect()
-    decision = build.choose_providers(loaded, cli_providers, client, ui)
+    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui)
     host = engine.host_info(client) if client is not None else None
     out = []
     for name in decision.providers:
@@ -299,11 +289,7 @@ def bench_cmd(
     client = engine.connect()
     if Path(target).exists():
         options = _options(tag, base_image, None, None)
-        loaded = build.load(Path(target))
-        image_tag(loaded.project, "cpu", tag)
-        cli_providers = providers.parse_provider_list(provider)
-        build.check_model(loaded, cli_providers)
-        decision = build.choose_providers(loaded, cli_providers, client, ui)
+        loaded, decision, _ = build.start(Path(target), provider, tag, lambda: client, ui)
         if tag and len(decision.providers) > 1 and "{provider}" not in tag:
             raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
         made, failures, _ = build.build_each(loaded, decision, [options], client, ui, _failed)
@@ -510,11 +496,7 @@ def render_cmd(
     options = _options(tag, base_image, platform, warmup)
     if options.warmup == "always":
         raise typer.BadParameter("a baked warmup needs `gpux-pack build`", param_hint="--warmup")
-    cli = providers.parse_provider_list(provider)
-    loaded = build.load(path)
-    build.check_model(loaded, cli)
-    client = engine.try_connect()
-    decision = build.choose_providers(loaded, cli, client, ui)
+    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui)
     if len(decision.providers) > 1:
         raise typer.BadParameter("render writes one context: give one provider", param_hint="--provider")
     prepared = build.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False,

@@ -122,7 +122,7 @@ class Provider:
     plugin: str = ""  # Python module of a plugin EP library (get_library_path()), chosen by device
     ep_context: bool = False  # compiled with ONNX Runtime's compile API into an EP context model
     env: tuple[tuple[str, str], ...] = ()  # the image's environment for this provider
-    template: str = ""
+    template: str = ""  # a child of base.Dockerfile.j2, only where its Dockerfile really differs
     # Newest model IR version and ai.onnx / ai.onnx.ml opsets this onnxruntime release loads (it
     # refuses newer ones: "Unsupported model IR version", "Opset N is under development"). Measured
     # by bench/ort_limits.py: models of IR 3-15, opset 7-30 and ml opset 1-8 loaded with the release
@@ -160,7 +160,7 @@ class Provider:
 
     @property
     def template_name(self) -> str:
-        return self.template or f"{self.name}.Dockerfile.j2"
+        return self.template or "base.Dockerfile.j2"
 
 
 _CUDA_OPTIONS = {"device_id": "0", "arena_extend_strategy": "kNextPowerOfTwo", "cudnn_conv_algo_search": "EXHAUSTIVE"}
@@ -174,6 +174,9 @@ _TRT_OPTIONS = {
     "trt_timing_cache_path": f"{CACHE}/tensorrt",
 }
 _UBUNTU_2404 = (2, 39)
+# What every NVIDIA row shares: the wheels' library folders, the driver's libraries, the device
+# and its environment, CUDA 13 (pack.cuda: "12" swaps in the CUDA12 rows below).
+_NVIDIA = dict(library_dirs=NVIDIA_WHEEL_LIBS, driver_libs=NVIDIA_DRIVER, device="nvidia", env=NVIDIA_ENV, cuda="13")
 _TRT_BASE, _TRT_BASE_CUDA12 = "nvcr.io/nvidia/tensorrt:25.11-py3", "nvcr.io/nvidia/tensorrt:25.03-py3"
 
 PROVIDERS: dict[str, Provider] = {
@@ -211,11 +214,7 @@ PROVIDERS: dict[str, Provider] = {
             },
             libraries=("libonnxruntime_providers_cuda.so",),
             dlopen=("libcudnn.so.9",),
-            library_dirs=NVIDIA_WHEEL_LIBS,
-            driver_libs=NVIDIA_DRIVER,
-            device="nvidia",
-            env=NVIDIA_ENV,
-            cuda="13",
+            **_NVIDIA,
             link_hint="take CUDA and cuDNN from NVIDIA's wheels (pack.nvidia_libs: wheels) or use --base-image vendor",
         ),
         Provider(
@@ -238,11 +237,7 @@ PROVIDERS: dict[str, Provider] = {
             bases={"default": BaseImage(_TRT_BASE, "3.12", _UBUNTU_2404, nvidia_libs="base")},
             libraries=("libonnxruntime_providers_tensorrt.so", "libonnxruntime_providers_cuda.so"),
             dlopen=("libcudnn.so.9", "libnvinfer_plugin.so.10"),
-            library_dirs=NVIDIA_WHEEL_LIBS,
-            driver_libs=NVIDIA_DRIVER,
-            device="nvidia",
-            env=NVIDIA_ENV,
-            cuda="13",
+            **_NVIDIA,
             link_hint=f"use NVIDIA's TensorRT container {_TRT_BASE} or newer as the base image",
             warmup_bakes=True,  # its engines take minutes to build
         ),

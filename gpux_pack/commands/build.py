@@ -21,8 +21,8 @@ from gpux_pack.image.dockerfile import dockerfile, runtime_base_dockerfile
 from gpux_pack.image.maker import Maker, OncePerTag, choose, model_job, runtime_base_job
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.install import install
-from gpux_pack.plan import (Options, Plan, RuntimeBase, assumed_base, check_model_for, choose_base, make_plan,
-                            plan_runtime_base, with_lock)
+from gpux_pack.plan import (Options, Plan, RuntimeBase, assumed_base, check_model_for, choose_base, image_tag,
+                            make_plan, plan_runtime_base, with_lock)
 from gpux_pack.project.load import Project, load_project
 from gpux_pack.project.model import ModelInfo, Signature, inspect_model, reconcile
 from gpux_pack.providers import BaseImage
@@ -98,6 +98,19 @@ def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Rep
         decision = providers.decide(cli, list(cfg.pack.providers), cfg.runtime.gpu.backend, engine.host_info(client))
     ui.info(f"provider: {', '.join(decision.providers)} ({decision.reason})")
     return decision
+
+
+def start(path: Path, provider_flag: str | None, tag: str | None, connect: Callable[[], Any],
+          ui: Reporter) -> tuple[Loaded, providers.Decision, Any]:
+    """What every command that starts from a project does first: load it, refuse a bad tag and a
+    model the images' onnxruntime cannot load before asking Docker anything, then connect and
+    choose the providers (asking the Docker host only for `auto`). Returns the client too."""
+    cli = providers.parse_provider_list(provider_flag)
+    loaded = load(path)
+    image_tag(loaded.project, "cpu", tag)
+    check_model(loaded, cli)
+    client = connect()
+    return loaded, choose_providers(loaded, cli, client, ui), client
 
 
 def base_facts(base: BaseImage, platform: str | None, python: str | None, client: Any | None, ui: Reporter,

@@ -12,7 +12,6 @@ from the container) or built by the engine's builder from the same tar.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil

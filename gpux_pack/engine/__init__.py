@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpux_pack.errors import DockerError, UsageError
+from gpux_pack.errors import DockerError
 from gpux_pack.providers import Devices, HostInfo
 from gpux_pack.reference import parse_reference
 from gpux_pack.runtime.warm import cpu_vendor

@@ -30,7 +30,7 @@ from gpux_pack.errors import DockerError
 from gpux_pack.image import layer_tar
 from gpux_pack.image.context import MTIME, Context, Entry, temporary_tar
 from gpux_pack.image.layout import Layer
-from gpux_pack.plan import ImageConfig
+from gpux_pack.plan import UID, ImageConfig
 from gpux_pack.reference import parse_reference
 from gpux_pack.staging import cache_dir
 
@@ -212,7 +212,7 @@ def load(client: Any, images: list[Image]) -> str:
 
 _PROBE_DOCKERFILE = b"FROM scratch\nCOPY probe/ /\nADD owned.tar /\n"
 _PROBE_OWNED = [layer_tar.Member("opt", 0o755, MTIME), layer_tar.Member("opt/gpux", 0o755, MTIME),
-                layer_tar.Member("opt/gpux/cache", 0o755, MTIME, uid=10001, gid=10001)]  # fmt: skip
+                layer_tar.Member("opt/gpux/cache", 0o755, MTIME, uid=UID, gid=UID)]  # fmt: skip
 _PROBE = Layer("probe", "/")
 
 

@@ -18,7 +18,7 @@ def test_wheel_install_renders(tmp_path):
                    check=True, capture_output=True)
     [wheel] = dist.glob("gpux_pack-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"gpux_pack/templates/base.Dockerfile.j2", "gpux_pack/templates/cpu.Dockerfile.j2",
+    assert {"gpux_pack/templates/base.Dockerfile.j2", "gpux_pack/templates/warm.Dockerfile.j2",
             "gpux_pack/runtime/server.py"} <= names
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

@@ -97,7 +97,7 @@ def fake_provider(monkeypatch):
     """A new provider as one table row: an accelerator-backed EP that no ONNX Runtime has."""
     row = replace(providers.PROVIDERS["rocm"], name="fakeep", title="A fake accelerator",
                   execution_providers=("FakeepExecutionProvider", "CPUExecutionProvider"),
-                  options={"FakeepExecutionProvider": {"device_id": "0"}}, template="rocm.Dockerfile.j2")
+                  options={"FakeepExecutionProvider": {"device_id": "0"}})
     table = {**providers.PROVIDERS, "fakeep": row}
     monkeypatch.setattr(providers, "PROVIDERS", table)
     monkeypatch.setitem(providers.EP_NAMES, "fakeep", "FakeepExecutionProvider")
