@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -194,3 +196,70 @@ def on_intel_cpu(client, tag: str, derived: str) -> str:
             f"ENTRYPOINT {json.dumps(entrypoint)}\nCMD {json.dumps(config.get('Cmd') or [])}\n")
         client.images.build(path=context, tag=derived, rm=True, forcerm=True)
     return derived
+
+
+class _Chunks(io.RawIOBase):
+    """A file over a stream of byte chunks (the engine's `docker save`)."""
+
+    def __init__(self, chunks):
+        self.chunks, self.rest = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.rest:
+            self.rest = next(self.chunks, None)
+            if self.rest is None:
+                self.rest = b""
+                return 0
+        n = min(len(buffer), len(self.rest))
+        buffer[:n], self.rest = self.rest[:n], self.rest[n:]
+        return n
+
+
+def _files_size(fileobj) -> int:
+    """A layer's size as `docker history` shows it (the engine's directory size of the layer):
+    its regular files and its symlinks' targets, each hard-linked file once, folders 0."""
+    total = 0
+    with tarfile.open(fileobj=fileobj, mode="r|") as layer:
+        for member in layer:
+            if member.isreg():
+                total += member.size
+            elif member.issym():
+                total += len(member.linkname.encode())
+    return total
+
+
+def saved_layers(client, ref: str) -> tuple[dict, list[int]]:
+    """`docker save` of an image, read as it streams: its config and its layers' sizes in order."""
+    sizes, small = {}, {}
+    with tarfile.open(fileobj=io.BufferedReader(_Chunks(client.api.get_image(ref)), 1 << 20), mode="r|") as saved:
+        for member in saved:
+            if not member.isfile():
+                continue
+            data = saved.extractfile(member)
+            if member.size < 1 << 20:
+                small[member.name] = data.read()
+                data = io.BytesIO(small[member.name])
+            try:
+                sizes[member.name] = _files_size(data)
+            except tarfile.TarError:
+                pass
+    (manifest,) = json.loads(small["manifest.json"])
+    return json.loads(small[manifest["Config"]]), [sizes[path] for path in manifest["Layers"]]
+
+
+def assert_history_matches_layers(client, ref: str) -> None:
+    """The OCI rule, and what `docker history` shows for it: one non-empty history entry per
+    layer, in order, and each such line carries its own layer's size (issue 18: every size one
+    line off)."""
+    config, sizes = saved_layers(client, ref)
+    written = config["history"]
+    assert sum(not h.get("empty_layer") for h in written) == len(config["rootfs"]["diff_ids"]) == len(sizes), \
+        [(h.get("created_by", "")[-60:], bool(h.get("empty_layer"))) for h in written]
+    shown = list(reversed(client.api.history(ref)))  # `docker history`, oldest first
+    assert [h["CreatedBy"] for h in shown] == [h.get("created_by", "") for h in written]
+    lines = [(h["CreatedBy"][-60:], h["Size"]) for h, w in zip(shown, written) if not w.get("empty_layer")]
+    assert [size for _, size in lines] == sizes, list(zip(lines, sizes))
+    assert all(h["Size"] == 0 for h, w in zip(shown, written) if w.get("empty_layer"))

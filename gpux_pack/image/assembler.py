@@ -62,12 +62,14 @@ class Image:
     created: str
 
     def config_json(self) -> bytes:
+        parent = list(reversed(self.parent_history))
+        adds = adds_layer(parent, len(self.parent["RootFS"]["Layers"]))
         history = [
             {k: v for k, v in {
                 "created": _iso(h.get("Created", 0)), "created_by": h.get("CreatedBy", ""),
-                "comment": h.get("Comment") or None, "empty_layer": (h.get("Size", 0) == 0) or None,
+                "comment": h.get("Comment") or None, "empty_layer": (not added) or None,
             }.items() if v is not None}
-            for h in reversed(self.parent_history)
+            for h, added in zip(parent, adds)
         ]  # fmt: skip
         history += [{"created": self.created, "created_by": by, **({"empty_layer": True} if empty else {})}
                     for by, empty in self.history]  # fmt: skip
@@ -83,6 +85,39 @@ class Image:
         if self.parent.get("Variant"):
             doc["variant"] = self.parent["Variant"]
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+ASSEMBLED = "gpux-pack (assembled, nothing ran): "  # how an assembled image's history lines begin
+
+# how a history line names its instruction: the classic builder's "/bin/sh -c #(nop) ENV ...",
+# BuildKit's "ENV ...", ours with ASSEMBLED before it
+_INSTRUCTION = re.compile(r"^(?:/bin/sh -c #\(nop\)|" + re.escape(ASSEMBLED.strip()) + r")?\s*([A-Za-z]+)")
+_TIERS = {"ADD": 1, "COPY": 1, "WORKDIR": 2, **{word: 4 for word in (  # 3: RUN and anything else
+    "ENV", "LABEL", "EXPOSE", "USER", "CMD", "ENTRYPOINT", "HEALTHCHECK", "ARG", "SHELL", "STOPSIGNAL", "VOLUME",
+    "ONBUILD", "MAINTAINER")}}  # fmt: skip
+
+
+def adds_layer(history: list[dict[str, Any]], layers: int) -> list[bool]:
+    """Which of an image's `docker history` entries (oldest first) add a layer: exactly
+    `layers` of them (the OCI rule: one non-empty entry per layer, in order; `docker history`
+    gives each such entry its layer's size, in order).
+
+    The engine does not say which entries are empty; it reports each one's Size: the size of
+    its layer's files, 0 for an entry that adds no layer, but 0 too for a layer of folders only
+    (a runtime base image's `ADD cache.tar /`, a WORKDIR or a `RUN mkdir`), of empty files or
+    of deletions. So every entry with a size adds a layer, and the layers left over go to the
+    entries of size 0 that can add one: ADD and COPY first, then WORKDIR, then RUN and the
+    rest (newest first within each); an instruction that cannot touch the file system (ENV,
+    LABEL, USER, ...) only when nothing else is left."""
+    def rank(index: int) -> tuple[int, int]:
+        h = history[index]
+        if (h.get("Size") or 0) > 0:
+            return 0, -index
+        word = _INSTRUCTION.match(str(h.get("CreatedBy") or ""))
+        return _TIERS.get(word.group(1).upper() if word else "", 3), -index
+
+    chosen = set(sorted(range(len(history)), key=rank)[:layers])
+    return [i in chosen for i in range(len(history))]
 
 
 def _iso(value: Any) -> str:

@@ -24,7 +24,7 @@ from gpux_pack.image.layout import LAYERS, MODEL, RUNTIME_BASE
 from gpux_pack.plan import ImageConfig, Plan, RuntimeBase, created_now
 from gpux_pack.ui import Reporter
 
-ASSEMBLED = "gpux-pack (assembled, nothing ran): "  # how an assembled image's history lines begin
+ASSEMBLED = assembler.ASSEMBLED  # how an assembled image's history lines begin
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from tests.conftest import BASE_IMAGE, build_image, copy_example, run_cli, serve
+from tests.conftest import (BASE_IMAGE, EXAMPLES, assert_history_matches_layers, build_image, copy_example, run_cli,
+                            serve)
 
 pytestmark = pytest.mark.e2e
 
@@ -116,6 +117,17 @@ def test_image_is_slim_non_root_and_read_only(mlp_image, docker_client):
     # 96 MB on onnxruntime 1.31.1; 1.32.0 (the first to load IR 14) ships a 5.6 MB larger, stripped
     # x86_64 module (36.0 MB against 30.4): the ceiling moves by that and no more
     assert above <= 106, f"the cpu image is {above:.1f} MB above its base"
+
+
+def test_history_lines_carry_their_layers_sizes(mlp_image, docker_client):
+    """`docker history` of a model image and of its runtime base image: each line that adds a
+    layer shows that layer's size (issue 18: the runtime base's `ADD cache.tar /`, a layer of
+    folders only, was written as no layer, and every later size went one line off)."""
+    for ref in (mlp_image["runtime_base"], mlp_image["tag"]):
+        assert_history_matches_layers(docker_client, ref)
+    shown = {h["CreatedBy"].rsplit(": ", 1)[-1]: h["Size"] for h in docker_client.api.history(mlp_image["tag"])}
+    assert shown["ADD cache.tar /"] == 0 and shown["COPY model/ /"] == (EXAMPLES / "mlp" / "model.onnx").stat().st_size
+    assert shown["COPY config/ /"] > 0 and shown["COPY packages/ /"] > 50_000_000
 
 
 HTTP_ERRORS = [
@@ -236,6 +248,12 @@ def test_the_engines_builder_makes_the_same_layers(tmp_path, docker_client, tags
     assert layers(docker_client, built["tag"]) == layers(docker_client, assembled["tag"])
     runtime = docker_client.images.get(built["runtime_base"]).history()
     assert all("#(nop)" in h["CreatedBy"] for h in runtime[: 9]), [h["CreatedBy"] for h in runtime[:9]]
+    # a model image assembled on the builder's runtime base image: the parent's history, as the
+    # engine reports it, still lines up with its layers (issue 18)
+    mixed = build_image(project, tags("builder:mixed"), "--base-image", base, env=SAME_TIME)
+    assert mixed["assembled"] and not mixed["runtime_base_built"] and mixed["runtime_base"] == built["runtime_base"]
+    for ref in (built["runtime_base"], built["tag"], assembled["tag"], mixed["tag"]):
+        assert_history_matches_layers(docker_client, ref)
 
 
 def test_external_data_in_two_spellings_is_baked_once_and_served(tmp_path, tags):

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from gpux_pack.runtime import warm
-from tests.conftest import BASE_IMAGE, build_image, copy_example, on_intel_cpu, run_cli, serve, wait_ready
+from tests.conftest import (BASE_IMAGE, assert_history_matches_layers, build_image, copy_example, on_intel_cpu, run_cli,
+                            serve, wait_ready)
 
 pytestmark = pytest.mark.e2e
 
@@ -57,6 +58,7 @@ def test_warmup_bakes_one_layer_with_the_same_config(ov_never, docker_client, ta
     assert summary["cache"] == "compiled" and summary["assembled"] is True and summary["tag"] == tag
     parent, derived = docker_client.images.get(ov_never["tag"]), docker_client.images.get(tag)
     assert derived.attrs["RootFS"]["Layers"][:-1] == parent.attrs["RootFS"]["Layers"]  # +1 layer, nothing else
+    assert_history_matches_layers(docker_client, tag)  # `docker history` sizes line up (issue 18)
     before, after = parent.attrs["Config"], derived.attrs["Config"]
     for field in ("Entrypoint", "Cmd", "Env", "User", "WorkingDir", "Healthcheck", "ExposedPorts"):
         assert after[field] == before[field], field
@@ -108,6 +110,8 @@ def test_the_engines_builder_adds_the_same_layer(ov_never, docker_client, tags, 
     a, b = (docker_client.images.get(ids[k][0]) for k in ("1", "0"))
     assert a.attrs["RootFS"]["Layers"] == b.attrs["RootFS"]["Layers"]
     assert a.attrs["Config"]["Labels"] == b.attrs["Config"]["Labels"]
+    for made in (a, b):
+        assert_history_matches_layers(docker_client, made.id)
 
 
 def test_default_tag_and_export(ov_never, docker_client, tmp_path):

@@ -2,8 +2,9 @@
 files: then an assembled image has the diff ids of a plain `docker build`. The end-to-end
 tests compare with the engine itself; these pin the format without one."""
 
-import tarfile
 import io
+import json
+import tarfile
 
 import pytest
 
@@ -53,3 +54,32 @@ def test_sizes_and_a_readable_tar():
         got = [(m.name, m.mode & 0o7777, m.uid, m.uname, m.mtime, m.size) for m in tar.getmembers()]
     assert got == [("opt", 0o755, 0, "root", 315532800, 0), ("opt/" + "d" * 80 + "/" + "f" * 60, 0o644, 0, "root",
                                                              315532800, 5), ("opt/x.so", 0o755, 0, "root", 315532800, 1200)]
+
+
+def test_a_parents_history_keeps_one_entry_per_layer_even_of_size_0():
+    """`docker history` gives a layer of folders only (the runtime base's `ADD cache.tar /`)
+    size 0, as it does an entry that adds no layer: the layer count decides (issue 18)."""
+    history = [  # docker history of a runtime base image made by the builder, oldest first
+        {"CreatedBy": "", "Size": 155_000_000},  # imported
+        {"CreatedBy": '/bin/sh -c #(nop)  CMD ["python3"]', "Size": 0},
+        {"CreatedBy": "/bin/sh -c #(nop)  ENV PYTHONPATH=/opt/gpux/site-packages", "Size": 0},
+        {"CreatedBy": "/bin/sh -c #(nop) COPY dir:0a1b in / ", "Size": 101_000_000},
+        {"CreatedBy": "/bin/sh -c #(nop) COPY dir:2c3d in / ", "Size": 185_000},
+        {"CreatedBy": "/bin/sh -c #(nop) ADD file:4e5f in / ", "Size": 0},
+        {"CreatedBy": "/bin/sh -c #(nop)  USER 10001:10001", "Size": 0},
+        {"CreatedBy": "/bin/sh -c #(nop)  WORKDIR /tmp", "Size": 0},
+    ]
+    assert assembler.adds_layer(history, 4) == [True, False, False, True, True, True, False, False]
+    assert assembler.adds_layer(history, 5) == [True, False, False, True, True, True, False, True]
+    # assembled: our own lines, BuildKit's, a RUN that only made folders
+    ours = [{"CreatedBy": "ENV A=1", "Size": 0}, {"CreatedBy": "RUN /bin/sh -c mkdir /x", "Size": 0},
+            {"CreatedBy": f"{assembler.ASSEMBLED}ADD cache.tar /", "Size": 0},
+            {"CreatedBy": f"{assembler.ASSEMBLED}USER 10001:10001", "Size": 0}]  # fmt: skip
+    assert assembler.adds_layer(ours, 1) == [False, False, True, False]
+    assert assembler.adds_layer(ours, 2) == [False, True, True, False]
+    image = assembler.Image(tag=None, parent={"RootFS": {"Layers": ["sha256:a"] * 4}},
+                            parent_history=list(reversed(history)), layers=[], config={}, history=[],
+                            created="2026-01-01T00:00:00Z")  # fmt: skip
+    written = json.loads(image.config_json())["history"]
+    assert sum(not h.get("empty_layer") for h in written) == 4
+    assert [h["created_by"] for h in written if not h.get("empty_layer")][-1].startswith("/bin/sh -c #(nop) ADD")
