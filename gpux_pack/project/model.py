@@ -184,7 +184,8 @@ def _tensor(value: Any, shown: str, required: bool = True) -> TensorSpec:
             kind = onnx.TensorProto.DataType.Name(tt.elem_type)
         except ValueError:
             kind = f"#{tt.elem_type} (unknown)"
-        raise ModelError(shown, f"{ascii(value.name)} has element type {kind}, which JSON requests cannot carry")
+        raise ModelError(shown, f"{ascii(value.name)} has element type {kind}, which no KServe v2 datatype "
+                                "carries: gpux-pack cannot serve it")
     shape: tuple[int | str, ...] | None = None
     if tt.HasField("shape"):
         shape = tuple(

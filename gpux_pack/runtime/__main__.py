@@ -40,7 +40,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import threading  # noqa: E402
-import urllib.request  # noqa: E402
 
 from .settings import Settings, StartupError  # noqa: E402  (standard library only)
 
@@ -80,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _STATE["doing"] = "loading the model"
         warm_up = command == "warmup" or (command == "serve" and settings.spec.get("warmup") != "none")
+        if command == "serve":  # the server's imports meanwhile: ONNX Runtime loads with the GIL released
+            threading.Thread(target=_import_server, name="gpux-imports", daemon=True).start()
         model = _interruptible(Model.load, settings, warm_up)
         if command == "serve":
             from .server import serve
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         _STATE["doing"] = "reading the input"
         body = _read_input(args.input)
         _STATE["doing"] = "running the model"
-        outputs = _interruptible(model.run, decode_predict(body, model.inputs, model.overridable))
+        feeds = decode_predict(body, model.inputs, model.overridable, outputs=model.outputs)
+        outputs = _interruptible(model.run, feeds)
         print(encode_predict(outputs).decode())
         return 0
     except StartupError as e:
@@ -173,6 +175,15 @@ def _handoff(server: object) -> None:
     _STATE["server"] = server
 
 
+def _import_server() -> None:
+    try:
+        import uvicorn  # noqa: F401
+
+        from . import protocol, server  # noqa: F401
+    except BaseException:  # the main thread's own import reports it (no httptools: h11)
+        pass
+
+
 def _interruptible(fn, *args):
     """fn in a worker thread while this one waits: ONNX Runtime loads and runs a model with the
     GIL released, so the signal handler (main thread only) runs at once instead of after a
@@ -210,6 +221,8 @@ def _read_input(raw: str):
 
 
 def _healthcheck() -> int:
+    import urllib.request  # here, not at the top: serving never needs it (25 ms of imports)
+
     port = os.environ.get("GPUX_PORT")
     if not port:
         try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DTYPES
+from .dtypes import BINARY_ONLY, DTYPES
 from .tensors import RequestError, check_shape, from_binary, to_binary
 
 log = logging.getLogger("gpux")
@@ -275,6 +275,9 @@ def decode(request: Any, model: Any, budget: int) -> tuple[dict[str, np.ndarray]
                                f"server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)  # fmt: skip
         if raw:
             arr = from_binary(spec, memoryview(raw[i]), count, what)
+        elif spec.dtype in BINARY_ONLY:  # no typed contents field holds BF16 (Triton's neither)
+            raise RequestError(f"{what} is {spec.datatype}, which typed contents cannot carry: send it in "
+                               "raw_input_contents")  # fmt: skip
         else:
             values = list(getattr(item.contents, CONTENTS.get(item.datatype, "bytes_contents")))
             if spec.dtype == "string":

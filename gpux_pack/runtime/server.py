@@ -356,6 +356,7 @@ class App:
         try:
             if npy:
                 feeds = _decode_npy(body, model.inputs, budget)
+                decode_predict({}, [], outputs=model.outputs)  # the JSON answer: a 400 for a BF16 output
                 request = V2Request()
             elif v2:
                 if not body.strip():
@@ -374,7 +375,7 @@ class App:
                 else:
                     parsed = parse_json(body)
                     fast = plain_numbers(body, parsed, v2=False)
-                feeds = decode_predict(parsed, model.inputs, model.overridable, fast)
+                feeds = decode_predict(parsed, model.inputs, model.overridable, fast, model.outputs)
                 request = V2Request()
         finally:
             self.release(held)

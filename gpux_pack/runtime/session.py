@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from . import warm
-from .dtypes import DTYPES
+from .dtypes import BINARY_ONLY, DTYPES
 from .settings import Settings, StartupError
-from .tensors import TensorSpec
+from .tensors import TensorSpec, bf16_to_float32, float32_to_bf16
 
 log = logging.getLogger("gpux")
 
@@ -48,6 +48,7 @@ class Model:
     threads: dict[str, Any] = field(default_factory=dict)  # /info's threads: the count and why
     _reference: tuple[dict[str, Any], dict[str, Any]] | None = None
     path: Path | None = None  # the model file the session loaded
+    _bf16: frozenset[str] | None = None  # names of its BF16 tensors (inputs, initializers, outputs)
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -77,6 +78,9 @@ class Model:
         for line in cache.warnings:
             log.warning("%s", line)
         user_profiling = bool(spec.get("runtime", {}).get("enable_profiling"))
+        # which provider runs which nodes: no question when the CPU provider is the only one asked
+        # for (its partition is every node), so no profile to write and parse at start
+        warm_up = warm_up and requested != ["CPUExecutionProvider"]
 
         def options() -> Any:  # a fresh one per session: a plugin's devices are added to it
             opts = _session_options(settings, settings.threads)
@@ -132,7 +136,7 @@ class Model:
             if t["name"] in takes
         ]
         model = cls(settings, session, inputs, outputs, requested, active, load_seconds, overridable=overridable)
-        model.threads = {"intra_op": settings.threads, "chosen": "GPUX_THREADS" if settings.threads_set else "cpus"}
+        model.threads = _threads_at_load(settings)
         model.path = path
         model.cache = cache
         model.profiling = (user_profiling or warm_up) and not user_profiling
@@ -141,13 +145,19 @@ class Model:
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None,
             options: Any = None) -> dict[str, Any]:
         names = output_names or [o.name for o in self.outputs]
+        if self._bf16 is None:
+            self._bf16 = frozenset(s.name for s in (*self.inputs, *self.overridable, *self.outputs)
+                                   if s.dtype in BINARY_ONLY)  # fmt: skip
+        if self._bf16:  # only such a model pays for OrtValues
+            return dict(zip(names, run_bf16(self.session, names, feeds, options, self._bf16)))
         values = self.session.run(names, feeds, options)
         return dict(zip(names, values))
 
     def warmup_feeds(self) -> list[dict[str, np.ndarray]]:
         """Inputs for warmup: every declared shape, dynamic dimensions at 1, plus the shapes
         of any configured profiles (min/opt/max), so compiled artefacts cover them. Floats are
-        seeded random values in [0, 1) (the accuracy check needs more than zeros); integers,
+        seeded random values in [0, 1) (the accuracy check needs more than zeros; bfloat16 as
+        its bit patterns); integers,
         booleans and strings are zeros, false and empty (valid indices and tokens)."""
         rng = np.random.default_rng(0)
         runs = []
@@ -203,39 +213,61 @@ class Model:
         return state
 
     def tune_threads(self) -> dict[str, Any]:
-        """On CPU with the thread count left to us: time one warm run with every CPU against one
-        thread, alternating, and keep one thread when more do not make this model faster (small
-        kernels: extra threads cost the HTTP side its CPU and speed nothing up). Before ready,
-        so no request sees the swap. Skipped for slow runs (parallelism pays there) and for
-        models too large to hold twice for a moment."""
-        import onnxruntime as ort
-
+        """On CPU with the thread count left to us, after warmup: a fixed rule, so that the same
+        image serves with the same thread count on every start. The all-CPU session already
+        loaded times a few warm runs (their median, see _run_cost); a run under ONE_THREAD_MS is
+        too cheap for parallelism to pay (extra threads only take the HTTP side's CPU), and only
+        then a 1-thread session replaces it (before ready, so no request sees the swap). Every
+        other model keeps every CPU, without a second session. GPUX_THREADS wins."""
         settings, current = self.settings, self.threads
-        limits = settings.limits
-        size = int(self.spec["model"].get("size_bytes") or 0)
-        if settings.threads_set or settings.threads < 2 or self.active[:1] != ["CPUExecutionProvider"] or \
-                self.path is None or (limits is not None and size * 4 > limits.memory) or size > MAX_TUNE_BYTES or \
-                self.spec.get("runtime", {}).get("enable_profiling"):  # fmt: skip
+        cpus = settings.threads
+        if self.active[:1] != ["CPUExecutionProvider"] and not settings.threads_set:
+            self.threads = {**current, "chosen": "accelerator",
+                            "why": f"{self.active[0]} runs the model; the intra-op threads ({cpus}) serve only "
+                                   "the nodes it leaves to the CPU, so no run is timed"}  # fmt: skip
+            return self.threads
+        if settings.threads_set or cpus < 2 or self.path is None:
             return current
+        if self.spec.get("runtime", {}).get("enable_profiling"):
+            why = f"{_every_cpu(cpus)}; runtime.enable_profiling keeps the profiled session"
+            self.threads = {**current, "why": why}
+            return self.threads
         feeds = (self.warmup_feeds() or [{}])[0]
         try:
-            self.session.run(None, feeds)
-            if _median_ms(self.session, feeds, 3) > MAX_TUNE_RUN_MS:
-                return current
-            single = ort.InferenceSession(str(self.path), _session_options(settings, 1),
-                                          providers=["CPUExecutionProvider"])  # fmt: skip
-            many_ms, one_ms = _alternate(self.session, single, feeds)
-        except Exception as e:  # measuring is an optimisation: never a reason not to serve
-            log.warning("could not measure thread counts (%s); keeping %d", _last_line(e), settings.threads)
-            return current
-        measured = {str(settings.threads): round(many_ms, 3), "1": round(one_ms, 3)}
-        if one_ms <= many_ms * (1 + TUNE_MARGIN):
-            self.session = single
-            self.threads = {"intra_op": 1, "chosen": "measured", "run_ms": measured}
-            log.info("intra-op threads: 1 (a run takes %.2f ms with 1 thread, %.2f ms with %d: more threads do not "
-                     "speed this model up; the other CPUs serve HTTP)", one_ms, many_ms, settings.threads)  # fmt: skip
-        else:
-            self.threads = {**current, "chosen": "measured", "run_ms": measured}
+            run_ms = round(_run_cost(lambda: self.run(feeds), ONE_THREAD_MS), 3)
+        except Exception as e:  # choosing is an optimisation: never a reason not to serve
+            log.warning("could not time a run (%s); keeping %d threads", _last_line(e), cpus)
+            self.threads = {**current, "why": f"{_every_cpu(cpus)}; a run could not be timed ({_last_line(e)})"}
+            return self.threads
+        if run_ms >= ONE_THREAD_MS:
+            self.threads = {"intra_op": cpus, "chosen": "rule", "run_ms": run_ms,
+                            "why": f"a run takes {run_ms:g} ms on {cpus} threads (>= {ONE_THREAD_MS:g} ms): "
+                                   f"{_every_cpu(cpus)}"}  # fmt: skip
+            log.info("intra-op threads: %d (%s)", cpus, self.threads["why"])
+            return self.threads
+        limits, size = settings.limits, int(self.spec["model"].get("size_bytes") or 0)
+        if size > MAX_TUNE_BYTES or (limits is not None and size * 4 > limits.memory):
+            self.threads = {"intra_op": cpus, "chosen": "rule", "run_ms": run_ms,
+                            "why": f"a run takes {run_ms:g} ms on {cpus} threads (< {ONE_THREAD_MS:g} ms), but the "
+                                   f"model ({size >> 20} MiB) is too large to load a 1-thread session beside it: "
+                                   f"{_every_cpu(cpus)}"}  # fmt: skip
+            return self.threads
+        import onnxruntime as ort
+
+        every = self.session
+        try:
+            self.session = ort.InferenceSession(str(self.path), _session_options(settings, 1),
+                                                providers=["CPUExecutionProvider"])  # fmt: skip
+            self.run(feeds)  # warm: its first run allocates
+        except Exception as e:
+            self.session = every
+            log.warning("could not load a 1-thread session (%s); keeping %d threads", _last_line(e), cpus)
+            self.threads = {**current, "why": f"{_every_cpu(cpus)}; a 1-thread session failed ({_last_line(e)})"}
+            return self.threads
+        self.threads = {"intra_op": 1, "chosen": "rule", "run_ms": run_ms,
+                        "why": f"a run takes {run_ms:g} ms on {cpus} threads (< {ONE_THREAD_MS:g} ms): too cheap for "
+                               f"parallelism to pay; 1 thread, the other CPUs serve HTTP"}  # fmt: skip
+        log.info("intra-op threads: 1 (%s)", self.threads["why"])
         return self.threads
 
     def publish_cache(self, extra: dict[str, Any] | None = None) -> None:
@@ -281,6 +313,9 @@ class Model:
 
     def _partition(self) -> tuple[dict[str, int], list[str]]:
         events = self._end_profiling()
+        if self.requested == ["CPUExecutionProvider"] and not events:  # not profiled: every node on CPU
+            nodes = self.spec["model"].get("nodes")
+            return ({"CPUExecutionProvider": int(nodes)} if nodes else {}), []
         if not events:
             return {}, []
         return warm.partition(events, (self.spec["model"].get("nodes")))
@@ -297,9 +332,13 @@ class Model:
         path = self.settings.root / self.spec["model"]["path"]
         cpu = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in self.outputs]
-        ours = {n: np.concatenate([np.ravel(a[n]) for a in answers]) for n in names}
-        ref_runs = [dict(zip(names, cpu.run(names, feeds))) for feeds in runs]
-        reference = {n: np.concatenate([np.ravel(r[n]) for r in ref_runs]) for n in names}
+        bf16 = {s.name for s in (*self.inputs, *self.outputs) if s.dtype in BINARY_ONLY}
+        ref_runs = [dict(zip(names, run_bf16(cpu, names, feeds, None, bf16) if bf16 else cpu.run(names, feeds)))
+                    for feeds in runs]  # fmt: skip
+        # bfloat16 compared as the float32 values its bits stand for, not as the bits
+        values = {n: bf16_to_float32 if n in bf16 else np.ravel for n in names}
+        ours = {n: np.concatenate([np.ravel(values[n](a[n])) for a in answers]) for n in names}
+        reference = {n: np.concatenate([np.ravel(values[n](r[n])) for r in ref_runs]) for n in names}
         self._reference = (ours, reference)
         return warm.accuracy(ours, reference)
 
@@ -422,8 +461,11 @@ def _compiled(cache: warm.Cache, original: Path, raw: list[tuple[str, dict[str, 
 
 
 MAX_TUNE_BYTES = 512 << 20  # larger models keep every CPU: no second session, even briefly
-MAX_TUNE_RUN_MS = 50.0  # a run this slow gains from parallelism or is not worth measuring at start
-TUNE_MARGIN = 0.1  # one thread within 10% of every CPU: one thread
+# A run (median, on every CPU) under this is too cheap for intra-op parallelism to pay: 1 thread.
+# Far from both sides' typical costs (a small MLP: 0.01-0.05 ms; convs and transformers: 1 ms
+# and up), so timing noise does not move a model across it from one start to the next.
+ONE_THREAD_MS = 0.25
+FAR = 10  # two runs this many times over ONE_THREAD_MS settle it: a slow model pays 2 runs, not 7
 
 
 def _session_options(settings: Settings, threads: int) -> Any:
@@ -442,27 +484,34 @@ def _session_options(settings: Settings, threads: int) -> Any:
     return opts
 
 
-def _median_ms(session: Any, feeds: dict[str, Any], runs: int) -> float:
-    times = []
-    for _ in range(runs):
+def _run_cost(run: Any, threshold: float, most: int = 7) -> float:
+    """The median time (ms) of up to `most` warm runs, stopping once the side of `threshold` it
+    falls on is settled: a majority of `most` runs on one side, or two runs FAR times over it.
+    A median over a majority is robust to the odd run a busy machine slows down."""
+    times: list[float] = []
+    while len(times) < most:
         started = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - started)
-    return 1000 * float(np.median(times))
+        run()
+        times.append(1000 * (time.perf_counter() - started))
+        above = sum(t >= threshold for t in times)
+        if max(above, len(times) - above) > most // 2 or (len(times) >= 2 and min(times) >= FAR * threshold):
+            break
+    times.sort()  # the median by hand: np.median imports numpy.ma, statistics fractions (8 ms of start-up each)
+    return (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
 
 
-def _alternate(a: Any, b: Any, feeds: dict[str, Any], budget: float = 0.6, most: int = 40) -> tuple[float, float]:
-    """Median run time (ms) of two sessions, run in turn (a noisy machine slows both alike)."""
-    b.run(None, feeds)
-    times_a: list[float] = []
-    times_b: list[float] = []
-    deadline = time.perf_counter() + budget
-    while len(times_a) < most and (len(times_a) < 5 or time.perf_counter() < deadline):
-        for session, times in ((a, times_a), (b, times_b)):
-            started = time.perf_counter()
-            session.run(None, feeds)
-            times.append(time.perf_counter() - started)
-    return 1000 * float(np.median(times_a)), 1000 * float(np.median(times_b))
+def _every_cpu(cpus: int) -> str:
+    return f"every CPU the container has ({cpus})"
+
+
+def _threads_at_load(settings: Settings) -> dict[str, Any]:
+    """/info's threads until warmup applies the rule (tune_threads)."""
+    n = settings.threads
+    if settings.threads_set:
+        return {"intra_op": n, "chosen": "GPUX_THREADS", "why": f"GPUX_THREADS={n}"}
+    if n < 2:
+        return {"intra_op": n, "chosen": "cpus", "why": "the container has 1 CPU"}
+    return {"intra_op": n, "chosen": "cpus", "why": f"{_every_cpu(n)}; no run timed (warmup applies the rule)"}
 
 
 def _diagnose(spec: dict[str, Any]) -> str:
@@ -510,9 +559,46 @@ def _sample(dtype: str, shape: list[int], rng: Any) -> np.ndarray:
     if dtype == "string":
         return np.full(shape, "", dtype=object)
     np_type = DTYPES[dtype][0]
+    if dtype in BINARY_ONLY:  # bfloat16: float32 values in [0, 1) as its bit patterns
+        return float32_to_bf16(rng.random(shape, dtype=np.float32))
     if np.issubdtype(np_type, np.floating):
         return rng.random(shape, dtype=np.float64).astype(np_type)
     return np.zeros(shape, dtype=np_type)
+
+
+BFLOAT16 = 16  # ONNX TensorProto.BFLOAT16 (dtypes.DTYPES["bfloat16"])
+
+
+def run_bf16(session: Any, names: list[str], feeds: dict[str, Any], options: Any, bf16: Any) -> list[Any]:
+    """session.run for a model with BF16 tensors (`bf16`: their names). numpy has no bfloat16:
+    such inputs arrive as uint16 bit patterns and go to ONNX Runtime as bfloat16 OrtValues; ORT
+    cannot give a bfloat16 output as numpy (OrtValue.numpy() refuses), so such outputs are
+    copied out of their OrtValues as uint16 bit patterns."""
+    import onnxruntime as ort
+
+    given = {name: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(value, np.uint16),
+                                                                    onnx_element_type=BFLOAT16)
+             if name in bf16 else value for name, value in feeds.items()}  # fmt: skip
+    if not any(name in bf16 for name in names):
+        return session.run(names, given, options)  # takes OrtValues among numpy feeds
+    given = {name: value if isinstance(value, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(value)
+             for name, value in given.items()}  # fmt: skip
+    values = session.run_with_ort_values(names, given, options)
+    return [_bits(value, name) if name in bf16 else value.numpy() for name, value in zip(names, values)]
+
+
+def _bits(value: Any, name: str) -> np.ndarray:
+    """A bfloat16 OrtValue in CPU memory as a uint16 array of its bit patterns (one copy)."""
+    import ctypes
+
+    if value.device_name().lower() != "cpu":
+        raise RuntimeError(f"output '{name}' is BF16 in {value.device_name()} memory; expected it in CPU memory")
+    out = np.empty(value.shape(), np.uint16)
+    if value.tensor_size_in_bytes() != out.nbytes:
+        raise RuntimeError(f"output '{name}': {value.tensor_size_in_bytes()} bytes for {out.size} BF16 values")
+    if out.nbytes:
+        ctypes.memmove(out.ctypes.data, value.data_ptr(), out.nbytes)
+    return out
 
 
 def _prepare_libraries(requested: list[str]) -> None:

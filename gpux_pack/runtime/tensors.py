@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
-from .dtypes import DTYPES
+from .dtypes import BINARY_ONLY, DTYPES
 
 
 class RequestError(Exception):
@@ -23,6 +23,30 @@ class RequestError(Exception):
     def __init__(self, message: str, status: int = 400, allow: str | None = None):
         super().__init__(message)
         self.status, self.allow = status, allow
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16, how the runtime carries BF16) as the float32 values they are."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bit patterns, rounded to nearest even (NaN stays NaN)."""
+    wide = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = ((wide + np.uint32(0x7FFF) + ((wide >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
+
+
+def json_refused(spec: "TensorSpec", output: bool = False, v2: bool = True) -> RequestError:
+    """The 400 for a tensor whose datatype JSON cannot carry (BF16), naming it and the way that works."""
+    if output:
+        how = "ask for it as binary data (parameters.binary_data: true)" if v2 else \
+            "ask the KServe v2 infer endpoint for it as binary data (parameters.binary_data: true), or use gRPC"
+    else:
+        how = "send it as binary data (parameters.binary_data_size)" if v2 else \
+            "send it to the KServe v2 infer endpoint as binary data (parameters.binary_data_size), or use gRPC"
+    kind = "output" if output else "input"
+    return RequestError(f"{kind} '{spec.name}' is {spec.datatype}, which JSON cannot carry: {how}")
 
 
 MAX_DEPTH = 1024  # orjson's own limit: deeper is one clean error, never a recursion in Python
@@ -324,6 +348,8 @@ def to_array(spec: TensorSpec, value: Any, what: str, fast: bool = False) -> np.
     booleans as numbers)."""
     if isinstance(value, dict):
         raise RequestError(f"{what}: expected a nested list of values, got an object")
+    if spec.dtype in BINARY_ONLY:
+        raise json_refused(spec, v2=False)
     if spec.dtype == "string":
         try:
             arr = np.array(value, dtype=object)
@@ -390,10 +416,12 @@ def _shape_text(shape: tuple[int | str, ...]) -> str:
 
 
 def decode_predict(
-    body: Any, inputs: list[TensorSpec], overridable: Sequence[TensorSpec] = (), fast: bool = False
+    body: Any, inputs: list[TensorSpec], overridable: Sequence[TensorSpec] = (), fast: bool = False,
+    outputs: Sequence[TensorSpec] = (),
 ) -> dict[str, np.ndarray]:
     """GPUX: {"<input>": nested list, ...}. `overridable` inputs (initializers) are accepted but
-    never named in errors: a model-zoo graph has hundreds."""
+    never named in errors: a model-zoo graph has hundreds. `outputs`: the answer's tensors, all
+    of them JSON (one JSON cannot carry is a 400 here, before the model runs)."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object mapping input names to nested lists")
     by_name = {s.name: s for s in (*overridable, *inputs)}
@@ -405,6 +433,12 @@ def decode_predict(
     for spec in inputs:
         if spec.required and spec.name not in body:
             raise RequestError(f"missing required input '{spec.name}'")
+    for name in body:
+        if by_name[name].dtype in BINARY_ONLY:
+            raise json_refused(by_name[name], v2=False)
+    for spec in outputs:
+        if spec.dtype in BINARY_ONLY:
+            raise json_refused(spec, output=True, v2=False)
     feeds: dict[str, np.ndarray] = {}
     dims: dict[str, tuple[int, str]] = {}
     for name, value in body.items():
@@ -547,6 +581,8 @@ def decode_v2(
             arr = from_binary(spec, blobs[offset: offset + size], count, what)
             offset += size
         else:
+            if spec.dtype in BINARY_ONLY:
+                raise json_refused(spec)
             if "data" not in item:
                 raise RequestError(f"{what}: 'data' is missing")
             arr = to_array(spec, item["data"], what, fast).reshape(-1)
@@ -586,6 +622,10 @@ def decode_v2(
                 raise RequestError(f"output '{o['name']}': 'parameters' must be an object")
             if "binary_data" in oparams:
                 request.binary[o["name"]] = oparams["binary_data"] is True
+    for spec in outputs:
+        if spec.dtype in BINARY_ONLY and (request.outputs is None or spec.name in request.outputs) \
+                and not request.wants_binary(spec.name):
+            raise json_refused(spec, output=True)
     return feeds, request
 
 
@@ -629,6 +669,8 @@ def encode_v2(outputs: dict[str, Any], specs: dict[str, TensorSpec], request: V2
             blob = to_binary(arr, datatype)
             item["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif spec is not None and spec.dtype in BINARY_ONLY:  # decode_v2 refused such a request already
+            raise json_refused(spec, output=True)
         elif datatype == "BYTES" or arr.dtype.kind in "OUS" or arr.dtype == np.float16:
             item["data"] = to_json(arr.reshape(-1)) if arr.ndim else [to_json(value)]
         else:

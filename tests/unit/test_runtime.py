@@ -18,6 +18,7 @@ from gpux_pack.commands.build import load, plan_for
 from gpux_pack.plan import Options
 from gpux_pack.providers import EP_NAMES
 from gpux_pack.ui import Reporter
+from gpux_pack.runtime import session as session_module
 from gpux_pack.runtime.session import Model
 from gpux_pack.runtime.settings import ConfigurationError, Settings, StartupError
 from gpux_pack.runtime.server import App
@@ -736,30 +737,87 @@ def _two_cpus(folder: Path, **env: str) -> Settings:
                          limits=resources.Limits(cpus=2, memory=8 << 30, memory_from="cgroup"))  # fmt: skip
 
 
-@pytest.mark.parametrize(("many_ms", "one_ms", "kept"), [(1.0, 1.05, 1), (1.0, 2.0, 2)])
-def test_warmup_keeps_one_thread_only_when_more_do_not_speed_the_model_up(tmp_path, monkeypatch, many_ms, one_ms,
-                                                                          kept):  # fmt: skip
-    from gpux_pack.runtime import session as session_module
+def _heavy(folder: Path) -> Path:
+    """The mlp's gpux.json over a model with its inputs and outputs whose run is milliseconds even
+    at batch 1: features -> a 384x384 matrix (an outer product) -> four 384x384 MatMuls -> mean."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
 
-    monkeypatch.setattr(session_module, "_alternate", lambda a, b, feeds: (many_ms, one_ms))  # the timing, fixed
-    model = Model.load(_two_cpus(spec_dir(tmp_path, "mlp")))
-    assert model.threads == {"intra_op": 2, "chosen": "cpus"}
+    rng = np.random.default_rng(0)
+    weights = {"w_in": rng.random((4, 384)), "ones": np.ones((1, 384)), "w_out": rng.random((384, 3))}
+    weights.update({f"w{i}": rng.random((384, 384)) / 384 for i in range(4)})
+    nodes = [helper.make_node("MatMul", ["features", "w_in"], ["h"]),
+             helper.make_node("Transpose", ["h"], ["col"], perm=[1, 0]),
+             helper.make_node("MatMul", ["col", "ones"], ["m0"])]  # fmt: skip
+    nodes += [helper.make_node("MatMul", [f"m{i}", f"w{i}"], [f"m{i + 1}"]) for i in range(4)]
+    nodes += [helper.make_node("ReduceMean", ["m4"], ["mean"], axes=[0], keepdims=1),
+              helper.make_node("MatMul", ["mean", "w_out"], ["logits"]),
+              helper.make_node("Softmax", ["logits"], ["probs"], axis=-1)]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "heavy", [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 3]) for n in ("logits", "probs")],
+        [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "model" / "model.onnx")
+    return folder
+
+
+def test_threads_are_chosen_by_a_rule_the_same_on_every_start(tmp_path):
+    """A run too cheap for parallelism to pay (a tiny MLP): 1 thread, on each of 10 starts."""
+    chosen = []
+    for i in range(10):
+        (tmp_path / str(i)).mkdir()
+        model = Model.load(_two_cpus(spec_dir(tmp_path / str(i), "mlp")))
+        assert model.threads["intra_op"] == 2 and model.threads["chosen"] == "cpus" and "no run timed" in \
+            model.threads["why"]  # fmt: skip
+        assert model.warmup()["state"] == "done"
+        threads = model.tune_threads()
+        assert threads["chosen"] == "rule" and 0 < threads["run_ms"] < session_module.ONE_THREAD_MS, threads
+        chosen.append(threads["intra_op"])
+    assert chosen == [1] * 10
+    assert "too cheap for parallelism to pay; 1 thread" in threads["why"] and f"{threads['run_ms']:g} ms" in \
+        threads["why"]  # fmt: skip
     feeds = {"features": np.array([[5.1, 3.5, 1.4, 0.2]], np.float32)}
-    before = model.run(feeds)
+    expected = reference("mlp", feeds)
+    assert all(np.allclose(model.run(feeds)[k], v, atol=1e-6) for k, v in zip(("logits", "probs"), expected))
+
+
+def test_a_model_whose_run_is_not_cheap_keeps_every_cpu_without_a_second_session(tmp_path, monkeypatch):
+    model = Model.load(_two_cpus(_heavy(spec_dir(tmp_path, "mlp"))))
+    loaded = model.session
+    monkeypatch.setattr(ort, "InferenceSession", None)  # tune_threads must not load another session
     model.warmup()
-    assert model.tune_threads() == {"intra_op": kept, "chosen": "measured", "run_ms": {"2": many_ms, "1": one_ms}}
-    assert model.info()["threads"]["intra_op"] == kept
-    after = model.run(feeds)
-    assert all(np.array_equal(before[k], after[k]) for k in before)  # the swapped session answers alike
+    threads = model.tune_threads()
+    assert threads["intra_op"] == 2 and threads["chosen"] == "rule" and threads["run_ms"] >= 1, threads
+    assert threads["why"] == f"a run takes {threads['run_ms']:g} ms on 2 threads (>= 0.25 ms): every CPU the " \
+        "container has (2)"  # fmt: skip
+    assert model.session is loaded
 
 
-def test_gpux_threads_is_never_second_guessed_and_real_timings_decide(tmp_path):
+@pytest.mark.parametrize(("costs", "median", "runs"), [
+    ([0.05, 3.0, 0.05, 0.05, 0.05], 0.05, 5),  # a cheap model with one run a busy machine slowed
+    ([0.3, 0.1, 0.4, 0.1, 0.1, 0.1], 0.1, 6),
+    ([1.0, 1.2, 0.9, 1.1], 1.05, 4),  # four of seven on one side: settled
+    ([5.0, 9.0], 7.0, 2),  # two runs ten times over the threshold: settled
+])  # fmt: skip
+def test_the_rule_reads_a_median_and_stops_once_its_side_is_settled(monkeypatch, costs, median, runs):
+    from types import SimpleNamespace
+
+    stamps = iter([t for ms in costs for t in (0.0, ms / 1000)])  # perf_counter before and after each run
+    monkeypatch.setattr(session_module, "time", SimpleNamespace(perf_counter=lambda: next(stamps)))
+    count: list[int] = []
+    assert session_module._run_cost(lambda: count.append(1), 0.25) == pytest.approx(median)
+    assert len(count) == runs
+
+
+def test_gpux_threads_wins_and_info_says_why(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     fixed = Model.load(_two_cpus(spec_dir(tmp_path / "a", "mlp"), GPUX_THREADS="2"))
     fixed.warmup()
-    assert fixed.tune_threads() == {"intra_op": 2, "chosen": "GPUX_THREADS"}
-    measured = Model.load(_two_cpus(spec_dir(tmp_path / "b", "mlp")))
-    measured.warmup()
-    chosen = measured.tune_threads()  # really timed: either count, with both medians
-    assert chosen["chosen"] == "measured" and chosen["intra_op"] in (1, 2) and set(chosen["run_ms"]) == {"1", "2"}
+    assert fixed.tune_threads() == {"intra_op": 2, "chosen": "GPUX_THREADS", "why": "GPUX_THREADS=2"}
+    app = App(Model.load(_two_cpus(spec_dir(tmp_path / "b", "mlp"))), "test")
+    app.start_warmup()
+    assert app.ready.wait(10)
+    status, info, _ = Client(app).request("GET", "/info")
+    assert status == 200 and info["threads"] == app.model.threads and info["threads"]["intra_op"] == 1
+    assert info["threads"]["chosen"] == "rule" and info["threads"]["why"].startswith("a run takes ")

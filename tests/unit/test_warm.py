@@ -137,3 +137,15 @@ def test_accuracy_reports_errors_and_names_the_output_beyond_the_limits():
     problem = warm.violation(errors, ours, ref, atol=0, rtol=0)
     assert problem.startswith("output 'probs' differs from the CPU provider beyond pack.accuracy (atol 0, rtol 0): "
                               "max abs error ")
+
+
+def test_library_versions_are_what_importlib_metadata_says():
+    """Read from the few distributions' metadata named like LIBRARIES, not from every one."""
+    from importlib import metadata
+
+    expected: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower()
+        if warm.LIBRARIES.match(name):
+            expected[name] = dist.version
+    assert warm.library_versions() == dict(sorted(expected.items())) and "onnxruntime" in expected
