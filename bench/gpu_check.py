@@ -55,9 +55,10 @@ runtime and a GPU, through the gpux-pack CLI (argument lists, never a shell stri
   gpux-pack warmup TAG --json              the key's device, partition, accuracy (cuda compiles
                                            nothing, so the image is tagged unchanged)
   gpux-pack run WARMED --port P --detach   second start: /info again
-It prints one JSON document. It has NOT been run: no GPU and no NVIDIA runtime were available.
+It prints one JSON document. It has NOT been run: no machine with Docker and a GPU was available.
 
-Neither mode has been run on a GPU in this project yet (none was available).
+The in-process mode ran once on an NVIDIA H100 (onnxruntime-gpu 1.31.1, no Docker): both examples
+passed (bench/results-gpu.json). --docker has not run on a GPU.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`gpux-pack`: build, bench, push, deploy, plan, run, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
+"""`gpux-pack`: build, bench, push, deploy, plan, run, serve, predict, init, warmup, render, providers, inspect, schema, cache. Errors are caught here, once.
 
 Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 """
@@ -6,6 +6,7 @@ Exit codes: 0 ok; 1 build or Docker failure; 2 usage, config or model error.
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 import threading
@@ -22,11 +23,9 @@ except ImportError:  # pragma: no cover - older typer on real click
     from click import exceptions as click_errors
 
 from gpux_pack import __version__, engine, providers
-from gpux_pack.errors import BuildError, PackError
-from gpux_pack.plan import Options
+from gpux_pack.errors import BuildError, PackError, UsageError
 from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
-from gpux_pack.wheels import ARCHES
 
 app = typer.Typer(
     name="gpux-pack",
@@ -59,6 +58,9 @@ def _root(
 
 
 def _options(tag, base_image, platform, warmup):
+    from gpux_pack.plan import Options  # the commands that plan pay for pydantic, not --help or run
+    from gpux_pack.wheels import ARCHES
+
     if warmup is not None and warmup not in ("auto", "always", "never"):
         raise typer.BadParameter(f"'{warmup}' is not auto, always or never", param_hint="--warmup")
     if base_image is not None and base_image not in ("default", "vendor"):
@@ -116,6 +118,8 @@ def build_cmd(
 def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tuple[list, dict]:
     """--platform a,b and --base-image [PLATFORM=]IMAGE...: the platforms (or [None]) and each
     one's base (None: every platform's; the last given for a platform wins)."""
+    from gpux_pack.wheels import ARCHES
+
     platforms = [p.strip() for p in platform.split(",")] if platform else [None]
     if len(platforms) > 1:
         if len(set(platforms)) != len(platforms) or len({ARCHES.get(p) for p in platforms}) != len(platforms):
@@ -436,6 +440,84 @@ def warmup_cmd(
     else:
         print(f"warmed {warmed.tag}  {(warmed.id or '')[7:19]}  key {warmed.key}  "
               f"({summary['device'] or 'already warm'})")  # fmt: skip
+
+
+@app.command("serve")
+def serve_cmd(
+    path: Path = PathArg,
+    provider: Optional[str] = typer.Option(None, "--provider", "-p", help="The provider to serve with (default: "
+                                           "gpux.yml's, else the first accelerator this machine's onnxruntime offers)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port (default: serving.port)."),
+) -> None:
+    """Serve the model on this machine, without Docker: the image's runtime and endpoints, this
+    machine's onnxruntime; reloads when gpux.yml or the model changes (Ctrl-C stops)."""
+    import ipaddress
+
+    from gpux_pack.commands.serve import serve
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise typer.BadParameter(f"{host!r}: expected an IP address such as 127.0.0.1 or 0.0.0.0",
+                                 param_hint="--host") from None  # fmt: skip
+    code = serve(path, provider, host, port, Reporter())
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("predict")
+def predict_cmd(
+    target: str = typer.Argument(..., help="An image built by gpux-pack, or a project folder / gpux.yml."),
+    inputs: list[str] = typer.Option(..., "--input", "-i", help="NAME=FILE.npy, NAME=FILE.json, or FILE.json "
+                                     "holding {NAME: values} (repeatable)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the outputs: FILE.json, or a folder "
+                                          "of NAME.npy files (default: print JSON)."),
+    provider: Optional[str] = typer.Option(None, "--provider", "-p", help="For a project: the provider to run with."),
+    timeout: int = typer.Option(300, "--timeout", min=1, max=86400, help="Seconds for a fresh container to be "
+                                "ready, and for the answer."),
+    cpu_fallback: bool = typer.Option(False, "--cpu-fallback", help="For an image: serve on CPU when this host "
+                                      "lacks its device."),
+) -> None:
+    """One inference: in this process for a project, over KServe v2 for an image (a running
+    container of it, else a fresh one, removed after)."""
+    try:
+        from gpux_pack.commands import predict
+        from gpux_pack.runtime.tensors import dumps, to_json
+    except ImportError as e:
+        raise UsageError(f"predict needs the image runtime's libraries here ({e.name} is missing): pip install "
+                         "'gpux-pack[serve]'") from None  # fmt: skip
+
+    given = predict.read_inputs(inputs)
+    ui = Reporter()
+    if Path(target).exists():
+        outputs = predict.in_process(Path(target), provider, given, ui)
+    elif target.startswith(("/", "./", "../", "~")) or target.endswith((".yml", ".yaml")):
+        raise UsageError(f"{target}: no such file or folder")
+    else:
+        if provider:
+            raise typer.BadParameter("an image serves with its own provider", param_hint="--provider")
+        outputs = predict.from_image(target, given, ui, timeout, cpu_fallback)
+    written = predict.save(outputs, output)
+    if written:
+        for path in written:
+            print(path)
+        return
+    sys.stdout.write(dumps(to_json(outputs)).decode() + "\n")
+
+
+@app.command("init")
+def init_cmd(
+    model: Path = typer.Argument(..., help="The .onnx model."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write gpux.yml (a folder or a "
+                                          "file; default: beside the model)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing gpux.yml."),
+) -> None:
+    """Write a gpux.yml whose inputs and outputs come from the model's graph."""
+    from gpux_pack.commands.init import init
+
+    written = init(model, output, force)
+    print(f"wrote {written}; build it with: gpux-pack build {shlex.quote(str(written.parent))}")
 
 
 cache_app = typer.Typer(help="The wheel, lock, install and base-image caches (~/.cache/gpux-pack).",

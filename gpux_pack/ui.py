@@ -3,31 +3,46 @@ Logs go to stderr; stdout is for the result (a summary, or JSON with --json)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
 class Reporter:
+    """Plain lines unless stderr is a terminal: rich (tens of milliseconds to import) is loaded
+    only for a terminal's progress bar and colours."""
+
     def __init__(self, quiet: bool = False, plain: bool | None = None):
-        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
         self.quiet = quiet
-        self.plain = (not self.err.is_terminal) if plain is None else plain
-        self._progress: Progress | None = None
+        self.plain = (not _terminal()) if plain is None else plain
+        self._console: Any = None
+        self._progress: Any = None
         self._task: Any = None
+
+    @property
+    def err(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False, soft_wrap=True)
+        return self._console
 
     def info(self, message: str) -> None:
         if self.quiet:
             return
         if self._progress is not None:
             self._progress.console.print(message, markup=False, highlight=False)
+        elif self.plain:
+            print(message, file=sys.stderr, flush=True)
         else:
             self.err.print(message, markup=False, highlight=False)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"warning: {message}", markup=False, style="yellow" if not self.plain else None)
+        if self.plain:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+        else:
+            self.err.print(f"warning: {message}", markup=False, style="yellow")
 
     # -- a build's steps ---------------------------------------------------------------------
 
@@ -37,6 +52,9 @@ class Reporter:
         if self.plain:
             print(title, file=sys.stderr, flush=True)
             return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                   TimeElapsedColumn)
+
         self._progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}", markup=False),
@@ -68,3 +86,15 @@ class Reporter:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+def _terminal() -> bool:
+    """What rich would decide, without importing it: a tty, or FORCE_COLOR/TTY_COMPATIBLE set."""
+    if os.environ.get("TTY_COMPATIBLE") == "0":
+        return False
+    if os.environ.get("FORCE_COLOR") or os.environ.get("TTY_COMPATIBLE") == "1":
+        return True
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False

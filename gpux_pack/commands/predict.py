@@ -1,0 +1,284 @@
+"""`gpux-pack predict IMAGE|PATH --input name=FILE`: one inference, printed or saved.
+
+A PATH (a project folder or its gpux.yml) runs in this process on the image's runtime (the
+folder `serve` stages, Model.load, the runtime's own input checks). An IMAGE is asked over KServe
+v2 with binary tensors (every datatype, strings included): a container of it already running
+with a published port, else a fresh one started as `gpux-pack run` starts it, removed after.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpux_pack import engine
+from gpux_pack.commands import run, serve
+from gpux_pack.engine import image_labels
+from gpux_pack.errors import PackError, UsageError
+from gpux_pack.runtime.dtypes import BINARY_ONLY, DTYPES, V2_TO_NAME
+from gpux_pack.runtime.tensors import (RequestError, TensorSpec, bf16_to_float32, check_shape, float32_to_bf16,
+                                       from_binary, split_binary, to_array, to_binary)
+from gpux_pack.ui import Reporter
+
+MAX_RESPONSE_BYTES = 1 << 31  # what one answer may hold before it is refused (2 GiB)
+
+
+class PredictError(PackError):
+    """The model or server refused the inputs: exit 2, like any bad input."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Given:
+    """One --input: a tensor's values from a .npy file (an array) or a .json file (nested lists)."""
+
+    name: str
+    value: Any
+    source: str
+
+
+def read_inputs(items: list[str]) -> list[Given]:
+    """`name=FILE.npy`, `name=FILE.json`, or `FILE.json` holding {"name": values, ...}."""
+    given: list[Given] = []
+    for item in items:
+        name, sep, file = item.partition("=")
+        if not sep:
+            name, file = "", item
+        path = Path(file)
+        what = f"--input {item}"
+        if path.suffix.lower() not in (".npy", ".json"):
+            raise UsageError(f"{what}: expected NAME=FILE.npy, NAME=FILE.json or FILE.json")
+        try:
+            if path.suffix.lower() == ".npy":
+                if not name:
+                    raise UsageError(f"{what}: a .npy file holds one tensor: write NAME={file}")
+                given.append(Given(name, np.load(path, allow_pickle=False), what))
+                continue
+            value = json.loads(path.read_bytes())
+        except OSError as e:
+            raise UsageError(f"{what}: {e.strerror or e}") from None
+        except ValueError as e:  # not JSON, not .npy, or a .npy of Python objects (pickles are refused)
+            raise UsageError(f"{what}: cannot read it: {' '.join(str(e).split())[:200]}") from None
+        if name:
+            given.append(Given(name, value, what))
+        elif isinstance(value, dict) and value:
+            given += [Given(str(k), v, what) for k, v in value.items()]
+        else:
+            raise UsageError(f"{what}: a JSON file without NAME= must hold an object of input names to values")
+    names = [g.name for g in given]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"--input: {', '.join(twice)} given more than once")
+    return given
+
+
+def feeds(specs: list[TensorSpec], given: list[Given]) -> dict[str, np.ndarray]:
+    """The arrays to send, checked as the image's runtime checks a request (dtype, rank, fixed
+    and named dimensions), so a mistake is found before any container starts."""
+    by_name = {s.name: s for s in specs}
+    out: dict[str, np.ndarray] = {}
+    dims: dict[str, tuple[int, str]] = {}
+    try:
+        for g in given:
+            spec = by_name.get(g.name)
+            if spec is None:
+                raise RequestError(f"{g.source}: the model has no input '{g.name}'; its inputs are: "
+                                   f"{', '.join(by_name)}")  # fmt: skip
+            arr = _array(spec, g.value, g.source)
+            check_shape(spec, arr, g.source, dims)
+            out[g.name] = arr
+        missing = [s.name for s in specs if s.required and s.name not in out]
+        if missing:
+            raise RequestError(f"--input: missing {', '.join(missing)} (the model's inputs: {', '.join(by_name)})")
+    except RequestError as e:
+        raise PredictError(str(e)) from None
+    return out
+
+
+def _array(spec: TensorSpec, value: Any, what: str) -> np.ndarray:
+    if spec.dtype in BINARY_ONLY:  # BF16: given as numbers, sent as its bit patterns
+        try:
+            floats = np.asarray(value, dtype=np.float32)
+        except (ValueError, TypeError):
+            raise RequestError(f"{what}: expected numbers for the {spec.datatype} input '{spec.name}'") from None
+        return float32_to_bf16(floats)
+    if not isinstance(value, np.ndarray):
+        return to_array(spec, value, what)
+    if spec.dtype == "string":
+        if value.dtype.kind not in "USO":
+            raise RequestError(f"{what}: the file holds {value.dtype} values; '{spec.name}' takes strings")
+        return value.astype(object)
+    target = np.dtype(DTYPES[spec.dtype][0])
+    if value.dtype != target and not np.can_cast(value.dtype, target, "same_kind"):
+        raise RequestError(f"{what}: the file holds {value.dtype} values; '{spec.name}' takes {spec.dtype}")
+    return value.astype(target, copy=False)
+
+
+def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -> dict[str, Any]:
+    """The image's runtime in this process on the project's model: no Docker."""
+    from gpux_pack.runtime.session import Model, StartupError
+    from gpux_pack.runtime.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="gpux-predict-") as tmp:
+        staged = serve.stage(path, flag, Path(tmp), ui)
+        try:
+            model = Model.load(Settings.load(staged.env(GPUX_LOG_LEVEL="warning")), warm_up=False)
+        except StartupError as e:
+            raise PackError(str(e)) from None
+        arrays = feeds(model.inputs, given)
+        try:
+            return readable(model.run(arrays), model.outputs)
+        except Exception as e:  # ONNX Runtime's own refusal of the values (an index out of range, ...)
+            raise PredictError(f"the model refused the inputs: {' '.join(str(e).split())[:300]}") from None
+
+
+def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
+               cpu_fallback: bool = False) -> dict[str, Any]:
+    """KServe v2 binary request to a running container of the image, or to a fresh one."""
+    client = engine.connect()
+    image = image_labels.read(client, ref)
+    url = _running(client, image)
+    started = None
+    if url is None:
+        ui.info(f"starting {ref} (no running container of it publishes port {image.port})")
+        started = run.start(client, ref, ui, cpu_fallback=cpu_fallback, timeout=timeout)
+        url = started.url
+    else:
+        _ready(url, timeout)
+    try:
+        meta = _get(f"{url}/v2/models/{image.model_name}")
+        specs = [TensorSpec(t["name"], V2_TO_NAME.get(t["datatype"], t["datatype"]),
+                            tuple(t["shape"])) for t in meta["inputs"]]  # fmt: skip
+        return infer(url, image.model_name, feeds(specs, given), specs, timeout)
+    finally:
+        if started is not None:
+            try:
+                started.container.stop(timeout=15)
+            finally:
+                engine.remove_container(started.container)
+
+
+def _running(client: Any, image: Any) -> str | None:
+    """The URL of a running container of this image that publishes its port on this host."""
+    for container in client.containers.list(filters={"ancestor": image.id, "status": "running"}):
+        for binding in (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(f"{image.port}/tcp") or ():
+            if binding.get("HostIp") in ("", "0.0.0.0", "127.0.0.1", "::") and binding.get("HostPort"):
+                return f"http://127.0.0.1:{binding['HostPort']}"
+    return None
+
+
+def _ready(url: str, timeout: float) -> None:
+    """A running container may still be warming up: wait for it as `run` waits for a fresh one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (OSError, ValueError):  # 503 while warming (an HTTPError is an OSError), or not listening yet
+            pass
+        if time.monotonic() > deadline:
+            raise PackError(f"{url}: the running container is not ready after {timeout:g} s")
+        time.sleep(0.1)  # polling readiness, as `run` does
+
+
+def infer(url: str, name: str, arrays: dict[str, np.ndarray], specs: list[TensorSpec],
+          timeout: float) -> dict[str, Any]:
+    """One v2 infer with every input and output as binary data (KServe's binary extension)."""
+    kinds = {s.name: s for s in specs}
+    blobs, inputs = [], []
+    for key, arr in arrays.items():
+        datatype = DTYPES[kinds[key].dtype][1]
+        blob = to_binary(arr, datatype)
+        blobs.append(blob)
+        inputs.append({"name": key, "datatype": datatype, "shape": list(arr.shape),
+                       "parameters": {"binary_data_size": len(blob)}})  # fmt: skip
+    head = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
+    request = urllib.request.Request(f"{url}/v2/models/{name}/infer", data=head + b"".join(blobs), method="POST",
+                                     headers={"Content-Type": "application/octet-stream",
+                                              "Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            body = r.read(MAX_RESPONSE_BYTES + 1)
+            length = r.headers.get("Inference-Header-Content-Length")
+    except urllib.error.HTTPError as e:
+        raise _refused(e) from None
+    except (OSError, ValueError) as e:
+        raise PackError(f"{url}: {e}") from None
+    if len(body) > MAX_RESPONSE_BYTES:
+        raise PackError(f"{url}: the answer is larger than {MAX_RESPONSE_BYTES} bytes")
+    doc, data = split_binary(body, length)
+    out: dict[str, Any] = {}
+    offset = 0
+    for o in doc.get("outputs", []):
+        shape = tuple(int(d) for d in o["shape"])
+        size = (o.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            out[o["name"]] = np.asarray(o.get("data")).reshape(shape)
+            continue
+        spec = TensorSpec(o["name"], V2_TO_NAME.get(o["datatype"], o["datatype"]), shape)
+        count = int(np.prod(shape, dtype=np.int64))
+        out[o["name"]] = from_binary(spec, data[offset: offset + size], count, o["name"]).reshape(shape)
+        offset += size
+        if spec.dtype in BINARY_ONLY:
+            out[o["name"]] = bf16_to_float32(out[o["name"]])
+    return out
+
+
+def readable(outputs: dict[str, Any], specs: list[TensorSpec]) -> dict[str, Any]:
+    """The outputs as a user reads them: BF16 bit patterns as their float32 values."""
+    kinds = {s.name: s.dtype for s in specs}
+    return {k: bf16_to_float32(v) if kinds.get(k) in BINARY_ONLY else v for k, v in outputs.items()}
+
+
+def _get(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise _refused(e) from None
+    except (OSError, ValueError) as e:
+        raise PackError(f"{url}: {e}") from None
+
+
+def _refused(e: urllib.error.HTTPError) -> PackError:
+    """The server's own one-line reason: a 4xx is the inputs' fault (exit 2)."""
+    try:
+        reason = json.loads(e.read(65536)).get("error") or e.reason
+    except (ValueError, OSError, AttributeError):
+        reason = e.reason
+    message = f"the server answered {e.code}: {reason}"
+    return PredictError(message) if 400 <= e.code < 500 else PackError(message)
+
+
+def save(outputs: dict[str, Any], output: Path | None) -> list[Path]:
+    """Nothing (print as JSON), a .json file, or a folder of NAME.npy files."""
+    from gpux_pack.runtime.tensors import to_json
+
+    if output is None:
+        return []
+    try:  # a folder that is a file, a parent that cannot be made: one line, not a traceback
+        if output.suffix.lower() == ".json":
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(json.dumps(to_json(outputs), allow_nan=False))
+            return [output]
+        output.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, value in outputs.items():
+            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".") or "output"
+            target = output / f"{safe}.npy"
+            arr = np.asarray(value)
+            np.save(target, arr.astype(str) if arr.dtype == object else arr, allow_pickle=False)
+            written.append(target)
+        return written
+    except OSError as e:
+        raise UsageError(f"--output {output}: {e.strerror or e}") from None
