@@ -79,7 +79,8 @@ def init(model: Path, output: Path | None, force: bool) -> Path:
     if target.exists() and not force:
         raise UsageError(f"{target} exists; --force replaces it")
     doc = document(model, target.parent)
-    text = HEADER.format(model=model.name, folder=_shown(target.parent))
+    shown = model.name if model.name.isprintable() else ascii(model.name)  # a comment line never breaks
+    text = HEADER.format(model=shown, folder=_shown(target.parent))
     text += yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)

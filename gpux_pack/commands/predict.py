@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -146,14 +145,15 @@ def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
     """KServe v2 binary request to a running container of the image, or to a fresh one."""
     client = engine.connect()
     image = image_labels.read(client, ref)
-    url = _running(client, image)
+    running = _running(client, image)
     started = None
-    if url is None:
+    if running is None:
         ui.info(f"starting {ref} (no running container of it publishes port {image.port})")
         started = run.start(client, ref, ui, cpu_fallback=cpu_fallback, timeout=timeout)
         url = started.url
     else:
-        _ready(url, timeout)
+        container, url = running
+        run.wait_ready(container, url, timeout)  # it may still be warming up
     try:
         meta = _get(f"{url}/v2/models/{image.model_name}")
         specs = [TensorSpec(t["name"], V2_TO_NAME.get(t["datatype"], t["datatype"]),
@@ -167,28 +167,13 @@ def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
                 engine.remove_container(started.container)
 
 
-def _running(client: Any, image: Any) -> str | None:
-    """The URL of a running container of this image that publishes its port on this host."""
+def _running(client: Any, image: Any) -> tuple[Any, str] | None:
+    """A running container of this image that publishes its port on this host, and its URL."""
     for container in client.containers.list(filters={"ancestor": image.id, "status": "running"}):
         for binding in (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(f"{image.port}/tcp") or ():
             if binding.get("HostIp") in ("", "0.0.0.0", "127.0.0.1", "::") and binding.get("HostPort"):
-                return f"http://127.0.0.1:{binding['HostPort']}"
+                return container, f"http://127.0.0.1:{binding['HostPort']}"
     return None
-
-
-def _ready(url: str, timeout: float) -> None:
-    """A running container may still be warming up: wait for it as `run` waits for a fresh one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (OSError, ValueError):  # 503 while warming (an HTTPError is an OSError), or not listening yet
-            pass
-        if time.monotonic() > deadline:
-            raise PackError(f"{url}: the running container is not ready after {timeout:g} s")
-        time.sleep(0.1)  # polling readiness, as `run` does
 
 
 def infer(url: str, name: str, arrays: dict[str, np.ndarray], specs: list[TensorSpec],

@@ -71,7 +71,7 @@ def start(client: Any, ref: str, ui: Reporter, port: int | None = None, bind: st
         published = container.attrs["NetworkSettings"]["Ports"][f"{inside}/tcp"][0]["HostPort"]
         host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
         url = f"http://{host}:{published}" if ":" not in host else f"http://[{host}]:{published}"
-        _wait_ready(container, url, timeout)
+        wait_ready(container, url, timeout)
     except BaseException:
         engine.remove_container(container)
         raise
@@ -94,7 +94,8 @@ def container_options(image: image_labels.GpuxImage, devices: Devices, bind: str
             **engine.container_devices(devices)}  # fmt: skip
 
 
-def _wait_ready(container: Any, url: str, timeout: float) -> None:
+def wait_ready(container: Any, url: str, timeout: float) -> None:
+    """Until /v2/health/ready answers 200; a container that exits first is one line with its last."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         container.reload()
