@@ -20,8 +20,8 @@ ADD cache.tar /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python3", "-m", "gpux_runtime", "healthcheck"]
-ENTRYPOINT ["python3", "-m", "gpux_runtime"]
+  CMD ["/usr/local/bin/python3", "-m", "gpux_runtime", "healthcheck"]
+ENTRYPOINT ["/usr/local/bin/python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 LABEL org.opencontainers.image.title="gpux runtime for cpu" \
       org.opencontainers.image.description="onnxruntime 1.32.0 and the gpux runtime, without a model" \

@@ -22,8 +22,8 @@ ADD cache.tar /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python3", "-m", "gpux_runtime", "healthcheck"]
-ENTRYPOINT ["python3", "-m", "gpux_runtime"]
+  CMD ["/usr/local/bin/python3", "-m", "gpux_runtime", "healthcheck"]
+ENTRYPOINT ["/usr/local/bin/python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 LABEL org.opencontainers.image.title="gpux runtime for cuda" \
       org.opencontainers.image.description="onnxruntime-gpu 1.31.1 and the gpux runtime, without a model" \

@@ -28,8 +28,8 @@ RUN python3 /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider MIGraphXExecu
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python3", "-m", "gpux_runtime", "healthcheck"]
-ENTRYPOINT ["python3", "-m", "gpux_runtime"]
+  CMD ["/usr/bin/python3", "-m", "gpux_runtime", "healthcheck"]
+ENTRYPOINT ["/usr/bin/python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 LABEL org.opencontainers.image.title="gpux runtime for migraphx" \
       org.opencontainers.image.description="onnxruntime-migraphx 1.27.1 and the gpux runtime, without a model" \

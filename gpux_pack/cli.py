@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - older typer on real click
 from gpux_pack import __version__, engine, providers
 from gpux_pack.errors import BuildError, PackError, UsageError
 from gpux_pack.reference import parse_reference
-from gpux_pack.ui import Reporter
+from gpux_pack.ui import Reporter, built_line
 
 app = typer.Typer(
     name="gpux-pack",
@@ -113,6 +113,24 @@ def build_cmd(
     _summary(results, failures, json_out, time.perf_counter() - started, indexes)
     if failures:
         raise typer.Exit(max(e.exit_code for _, e in failures))
+    if len(results) == 1 and sys.argv[1:2] == ["build"]:
+        _record_rebuild(loaded.project.root, results[0], client)
+
+
+def _record_rebuild(root: Path, made: Any, client: Any) -> None:
+    """What the next identical `build` needs to replay this one when only the weights change."""
+    from gpux_pack.commands import rebuild
+    from gpux_pack.wheels import lock_path
+
+    plan, built = made.plan, made.built
+    if built.loaded is None or plan.warmup == "baked" or made.pushed is not None:
+        return
+    try:
+        images = {ref: client.images.get(ref).id for ref in (plan.base.image, plan.runtime_base.tag)}
+    except Exception:  # a base that is not an image here: nothing to replay from
+        return
+    rebuild.record(sys.argv[1:], root, plan.model.path, plan.model.sha256, plan.model.size_bytes, plan.provider.name,
+                   images, lock_path(plan.requirements, plan.target), built.loaded)
 
 
 def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tuple[list, dict]:
@@ -188,7 +206,7 @@ def _summary_text(rows: list[dict[str, Any]], failed: list[dict[str, Any]], seco
     if len(rows) + len(failed) == 1 and rows:
         r = rows[0]
         how = "assembled, nothing ran" if r["assembled"] else f"{r['cached_steps']}/{r['steps']} steps cached"
-        print(f"built {r['tag']}  {r['id'][7:19]}  {r['size_bytes'] / 1e6:.0f} MB  {r['provider']}  {r['seconds']:.1f}s ({how})")
+        print(built_line(r["tag"], r["id"], r["size_bytes"], r["provider"], r["seconds"], how))
         if r["digest"]:
             print(f"pushed {r['digest']}")
         return
@@ -243,7 +261,7 @@ def plan_cmd(
             "provider": plan.provider.name, "reason": plan.reason, "tag": plan.tag,
             "base_image": {"image": plan.base.image, "python": plan.base.python, "platform": plan.platform,
                            "arch": plan.base.arch, "glibc": ".".join(map(str, plan.base.glibc)),
-                           "inspected": plan.base.probed},
+                           "inspected": plan.base.probed, "interpreter": plan.runtime_base.config.python},
             "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
             "runtime_base": {"tag": plan.runtime_base.tag, "present": plan.runtime_base_present},
             "onnxruntime": lock.version_of(plan.provider.ort),
@@ -343,16 +361,29 @@ def push_cmd(
 
 @app.command("deploy")
 def deploy_cmd(
-    image: str = typer.Argument(..., help="A pushed image (name:tag with a registry digest, or name@sha256:...)."),
+    image: str = typer.Argument(..., help="A pushed image: local with a registry digest, or only in its registry "
+                                "(registry/name:tag or registry/name@sha256:..., read with your Docker credentials)."),
     target: str = typer.Option(..., "--target", help="compose, kubernetes or kserve (one manifest set each)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder to write to (default: stdout)."),
+    replicas: int = typer.Option(1, "--replicas", help="Replicas to run (the least, with --max-replicas)."),
+    max_replicas: Optional[int] = typer.Option(None, "--max-replicas", help="Autoscale on cpu up to this many "
+                                               "(kubernetes: an HPA; kserve: KServe's; default: --replicas)."),
+    cpu: Optional[str] = typer.Option(None, "--cpu", help="CPUs each replica requests and may use, a Kubernetes "
+                                      "quantity (default: 2 for a CPU provider, else 1)."),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Memory each replica requests and may use, a Kubernetes "
+                                         "quantity (default: from the model's size)."),
+    cache_claim: Optional[str] = typer.Option(None, "--cache-claim", help="Share compiled caches: mount this "
+                                              "ReadWriteMany PersistentVolumeClaim at GPUX_CACHE_DIR (and write it)."),
+    cache_size: Optional[str] = typer.Option(None, "--cache-size", help="The claim's size (default 10Gi)."),
 ) -> None:
-    """Manifests that run the image pinned by digest, with its device, probes and a locked-down pod."""
+    """Manifests that run the image pinned by digest, with its device, probes, a locked-down pod,
+    resources sized for its model and, when asked, replicas that scale and share a cache."""
     from gpux_pack.commands import deploy
 
     if target not in deploy.TARGETS:
         raise typer.BadParameter(f"{target!r}: expected one of {', '.join(deploy.TARGETS)}", param_hint="--target")
-    files = deploy.manifests(deploy.subject(engine.connect(), image), target)
+    scaling = deploy.scaling(replicas, max_replicas, cpu, memory, cache_claim, cache_size)
+    files = deploy.manifests(deploy.subject(engine.try_connect(), image), target, scaling)
     written = deploy.write(files, output)
     if written:
         for path in written:
@@ -714,18 +745,20 @@ def base_render(
 
 @app.command("inspect")
 def inspect_cmd(
-    image: str = typer.Argument(..., help="Image reference or id."),
+    image: str = typer.Argument(..., help="Image reference or id; one only in its registry is read from there."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """The gpux labels of a built image."""
-    from gpux_pack.engine import image_labels
+    """The gpux labels of a built image (on this engine, else in the registry its name gives)."""
+    from gpux_pack.registry import remote
 
-    found = image_labels.read(engine.connect(), image, built_by_us=False)
-    info = {"image": image, "id": found.id, "size_bytes": found.size_bytes, "labels": found.shown}
+    found = remote.read(engine.try_connect(), image, built_by_us=False)
+    info = {"image": image, "id": found.id, "size_bytes": found.size_bytes, "labels": found.shown,
+            "registry_digest": found.pinned}  # fmt: skip
     if json_out:
         print(json.dumps(info, indent=2))
         return
-    print(f"{info['image']}  {info['id']}  {(info['size_bytes'] or 0) / 1e6:.0f} MB")
+    where = f" (in its registry, compressed: {found.pinned})" if found.pinned else ""
+    print(f"{info['image']}  {info['id']}  {(info['size_bytes'] or 0) / 1e6:.0f} MB{where}")
     for key, value in info["labels"].items():
         print(f"  {key}: {value}")
 

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import unicodedata
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
 
@@ -29,6 +27,7 @@ from gpux_pack.project.model import ModelInfo, Signature
 from gpux_pack.providers import (CACHE, CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, Devices, HostInfo, Provider, base_for,
                                  devices_for)
 from gpux_pack.reference import parse_reference
+from gpux_pack.timestamps import created_now
 from gpux_pack.runtime import warm
 from gpux_pack.wheels import ARCHES, IMAGE_SITE, INSTALL_FORMAT, Lock, Target
 
@@ -36,7 +35,11 @@ APP_DIR = "/opt/gpux"
 SITE = IMAGE_SITE  # the packages installed on the host
 CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by USER, so a volume mounted there is writable
 BAKED_DIR = warm.BAKED_DIR  # caches `gpux-pack warmup` bakes in, where the runtime looks for them
-PYTHON = "python3"  # the base image's own interpreter, found on PATH
+PYTHON = "python3"  # the base image's own interpreter, by name (RUN steps and `docker exec`)
+# The PATH an image gets when its base image's config sets none: what Docker's builders (classic,
+# BuildKit) and buildah write then, and what Debian and Ubuntu set. Runtimes other than Docker
+# (podman, containerd) add no default, so the assembler writes it too.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GRPC_REQUIREMENTS = ("grpcio>=1.60", "protobuf>=4.25")  # with serving.grpc_port (onnxruntime brings protobuf)
 UID = 10001  # the image's user: numeric, so it works on any base and needs no useradd
 USER = f"{UID}:{UID}"
@@ -46,21 +49,42 @@ DEFAULT_TAG = "{name}:{version}-{provider}"
 @dataclass(frozen=True)
 class ImageConfig:
     """What a runtime base image sets besides its files: one source for the Dockerfile's ENV,
-    USER, WORKDIR, HEALTHCHECK, ENTRYPOINT and CMD and for the config of an assembled image."""
+    USER, WORKDIR, HEALTHCHECK, ENTRYPOINT and CMD and for the config of an assembled image.
+    The entrypoint and health check name the interpreter by its absolute path, so they resolve
+    on any OCI runtime whatever PATH the config carries (podman and containerd do not search a
+    default PATH the way Docker does)."""
 
     env: tuple[tuple[str, str], ...]
+    python: str  # the base image's python3, absolute (see interpreter)
     user: str = USER
     workdir: str = "/tmp"
-    entrypoint: tuple[str, ...] = (PYTHON, "-m", "gpux_runtime")
     cmd: tuple[str, ...] = ("serve",)
-    healthcheck: tuple[str, ...] = (PYTHON, "-m", "gpux_runtime", "healthcheck")
     health_interval: int = 10  # seconds
     health_timeout: int = 5
     health_start: int = 60
     health_retries: int = 3
 
+    @property
+    def entrypoint(self) -> tuple[str, ...]:
+        return (self.python, "-m", "gpux_runtime")
 
-def image_config(provider: Provider) -> ImageConfig:
+    @property
+    def healthcheck(self) -> tuple[str, ...]:
+        return (self.python, "-m", "gpux_runtime", "healthcheck")
+
+
+def interpreter(base: BaseImage) -> str:
+    """The absolute path of the image's python3: where the probe found it in the base image's
+    files; else where apt puts it (a base without Python, or any base but the official
+    python images, which keep theirs in /usr/local/bin)."""
+    if base.interpreter:
+        return base.interpreter
+    official = re.match(r"^(?:(?:docker\.io|index\.docker\.io|registry-1\.docker\.io)/)?(?:library/)?python:",
+                        base.image)  # fmt: skip
+    return "/usr/local/bin/python3" if base.has_python and official else "/usr/bin/python3"
+
+
+def image_config(provider: Provider, base: BaseImage) -> ImageConfig:
     env = (
         ("PYTHONPATH", f"{SITE}:{APP_DIR}/runtime"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
@@ -70,7 +94,7 @@ def image_config(provider: Provider) -> ImageConfig:
         *provider.env,
         ("GPUX_CACHE_DIR", CACHE_DIR),
     )
-    return ImageConfig(env=env)
+    return ImageConfig(env=env, python=interpreter(base))
 
 
 @dataclass(frozen=True)
@@ -117,7 +141,7 @@ class RuntimeBase:
         assert self.lock is not None, "the tag names the lock: plan.with_lock first"
         h = hashlib.sha256()
         parts = [__version__, INSTALL_FORMAT, self.provider.name, self.base.image, self.base.id, self.base.python,
-                 self.link_check, self.lock.target.describe()]  # fmt: skip
+                 self.link_check, self.lock.target.describe(), self.config.python]  # fmt: skip
         parts += [f"{pin.name}=={pin.version}" for pin in self.lock.pins]
         h.update("\n".join(parts).encode())
         for name, data in sources.shipped():
@@ -126,7 +150,7 @@ class RuntimeBase:
 
     @property
     def config(self) -> ImageConfig:
-        return image_config(self.provider)
+        return image_config(self.provider, self.base)
 
     @property
     def apt_packages(self) -> tuple[str, ...]:
@@ -422,19 +446,6 @@ def _default_tag_error(project: Project, fields: dict[str, str], tag: str) -> Us
                                        "--tag or pack.tag")
 
 
-def created_now() -> str:
-    """Build time, or SOURCE_DATE_EPOCH for reproducible builds."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    if not epoch:
-        return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    try:
-        if not re.fullmatch(r"[0-9]{1,11}", epoch):
-            raise ValueError
-        return datetime.fromtimestamp(int(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    except (ValueError, OverflowError, OSError):
-        raise UsageError(f"SOURCE_DATE_EPOCH={ascii(epoch)} is not a Unix time in seconds") from None
-
-
 # ---------------------------------------------------------------------------------------------
 # What the plan writes into the image
 
@@ -459,6 +470,7 @@ def labels(plan: Plan) -> dict[str, str]:
         "io.gpux.model.name": cfg.name,
         "io.gpux.model.version": cfg.model.version or cfg.version,
         "io.gpux.model.sha256": plan.model.sha256,
+        "io.gpux.model.bytes": str(plan.model.size_bytes),  # with its external data: deploy sizes memory by it
         "io.gpux.provider": plan.provider.name,
         "io.gpux.onnxruntime.version": plan.ort_version,
         "io.gpux.pack.version": __version__,

@@ -98,3 +98,8 @@ def _terminal() -> bool:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def built_line(tag: str, image_id: str, size_bytes: int, provider: str, seconds: float, how: str) -> str:
+    """The one line a build of one image ends with (a model-only rebuild prints it too)."""
+    return f"built {tag}  {image_id[7:19]}  {size_bytes / 1e6:.0f} MB  {provider}  {seconds:.1f}s ({how})"

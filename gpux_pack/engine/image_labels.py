@@ -1,5 +1,7 @@
 """What an image built by gpux-pack says of itself, in its io.gpux.* labels: the one reader,
-for run, deploy, warmup, bench and inspect. The plan writes them (plan.labels)."""
+for run, deploy, warmup, bench and inspect. The plan writes them (plan.labels). An image read
+from its registry instead (registry/remote.py: deploy and inspect) is the same type, made from
+its config blob, so every command reads labels one way."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 
 from gpux_pack.engine import short_error
 from gpux_pack.errors import DockerError, UsageError
+from gpux_pack.reference import parse_reference
 
 REQUIRED = ("io.gpux.pack.version", "io.gpux.provider", "io.gpux.port")
 
@@ -15,16 +18,19 @@ REQUIRED = ("io.gpux.pack.version", "io.gpux.provider", "io.gpux.port")
 @dataclass(frozen=True)
 class GpuxImage:
     ref: str  # as the user named it
-    image: Any  # the Docker SDK's Image
+    image: Any  # the Docker SDK's Image; None for an image read from its registry
     labels: dict[str, str]
+    config_digest: str | None = None  # from a registry: the config blob's digest (what the engine calls its id)
+    layers_bytes: int | None = None  # from a registry: its layers' sizes summed (compressed, as pushed)
+    pinned: str | None = None  # from a registry: repo@sha256:<digest of the manifest the reference names>
 
     @property
     def id(self) -> str:
-        return self.image.id
+        return self.image.id if self.image is not None else self.config_digest or ""
 
     @property
     def size_bytes(self) -> int | None:
-        return self.image.attrs.get("Size")
+        return self.image.attrs.get("Size") if self.image is not None else self.layers_bytes
 
     @property
     def provider(self) -> str:
@@ -49,17 +55,52 @@ class GpuxImage:
         return {k: v for k, v in sorted(self.labels.items()) if k.startswith(("io.gpux.", "org.opencontainers."))}
 
 
-def read(client: Any, ref: str, built_by_us: bool = True) -> GpuxImage:
-    """The image and its labels; built_by_us: refuse an image without gpux-pack's labels."""
+def names_registry(ref: str) -> bool:
+    """Whether the reference says which registry holds it (`host[:port]/...`, `localhost/...`,
+    `docker.io/...`): only then is a reference missing here looked up there; a bare `name:tag`
+    is most often a local build that is not there, not a Docker Hub image."""
+    try:
+        reference = parse_reference(ref)
+    except ValueError:
+        return False
+    return reference.registry_path[0] != "docker.io" or reference.name.startswith("docker.io/")
+
+
+def local(client: Any, ref: str, built_by_us: bool = True) -> GpuxImage | None:
+    """The engine's image and its labels, None when the engine has no such image."""
     import docker
 
     try:
         image = client.images.get(ref)
     except docker.errors.ImageNotFound:
-        raise UsageError(f"{ref}: no such image on this Docker engine") from None
+        return None
     except docker.errors.APIError as e:
         raise DockerError(f"cannot inspect {ref}: {short_error(e)}") from None
-    labels = dict(image.attrs["Config"].get("Labels") or {})
+    return GpuxImage(ref, image, checked(ref, dict(image.attrs["Config"].get("Labels") or {}), built_by_us))
+
+
+def read(client: Any, ref: str, built_by_us: bool = True) -> GpuxImage:
+    """The image and its labels; built_by_us: refuse an image without gpux-pack's labels. For
+    the commands that start the image (run, warmup, predict, bench), which need it here."""
+    found = local(client, ref, built_by_us)
+    if found is None:
+        hint = f" (pull it first: docker pull {ref})" if names_registry(ref) else ""
+        raise UsageError(f"{ref}: no such image on this Docker engine{hint}")
+    return found
+
+
+def from_config(ref: str, config: dict[str, Any], config_digest: str, layers_bytes: int, pinned: str,
+                built_by_us: bool = True) -> GpuxImage:
+    """An image known only by its registry's config blob (the image config JSON: labels under
+    config.Labels), its digest, its layers' size and the digest reference it was read by."""
+    labels = (config.get("config") or {}).get("Labels") or {}
+    if not isinstance(labels, dict):
+        raise UsageError(f"{ref}: its image config has malformed labels")
+    labels = {str(k): str(v) for k, v in labels.items()}
+    return GpuxImage(ref, None, checked(ref, labels, built_by_us), config_digest, layers_bytes, pinned)
+
+
+def checked(ref: str, labels: dict[str, str], built_by_us: bool) -> dict[str, str]:
     if built_by_us and (not all(labels.get(k) for k in REQUIRED) or not labels["io.gpux.port"].isdigit()):
         raise UsageError(f"{ref}: not an image built by gpux-pack (no {' / '.join(REQUIRED)} labels)")
-    return GpuxImage(ref, image, labels)
+    return labels

@@ -55,7 +55,8 @@ def inspect_base(client: Any, base: BaseImage, platform: str | None, python: str
     arch = "/".join(filter(None, [attrs.get("Architecture") or "amd64", attrs.get("Variant")]))
     found, glibc, machine = facts(root, arch, base.image, require_python=base.has_python)
     return replace(base, python=found or python or base.python, glibc=glibc, arch=machine, probed=True,
-                   id=attrs["Id"], rootfs=str(root), ld_library_path=tuple(library_path(attrs)))
+                   id=attrs["Id"], rootfs=str(root), ld_library_path=tuple(library_path(attrs)),
+                   interpreter=python_path(root) or "")  # fmt: skip
 
 
 def export(client: Any, image: str, log: Callable[[str], None] | None = None) -> Path:
@@ -363,10 +364,19 @@ def facts(
     return python, glibc, arch
 
 
+PYTHON_DIRS = ("/usr/local/bin", "/usr/bin", "/bin")  # where python3 is looked for, in PATH's order
+
+
+def python_path(root: Path) -> str | None:
+    """The absolute path of the python3 the usual PATH finds (the one python_version reads),
+    as the image names it: the image's entrypoint, so no runtime has to search a PATH."""
+    return next((f"{folder}/python3" for folder in PYTHON_DIRS if resolve_in(root, f"{folder}/python3")), None)
+
+
 def python_version(root: Path) -> str | None:
     """The "3.N" of the python3 on the usual PATH, from the name it leads to (python3 ->
     python3.11), else from the python3.N names or lib/python3.N folders next to it."""
-    for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
+    for folder in PYTHON_DIRS:
         real = resolve_in(root, f"{folder}/python3")
         if real is None:
             continue

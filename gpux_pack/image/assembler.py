@@ -13,40 +13,26 @@ classic builder builds the same Dockerfile.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import re
-import tarfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from gpux_pack import staging
 from gpux_pack.errors import DockerError
 from gpux_pack.image import layer_tar
+from gpux_pack.image.archive import LayerTar, Loadable, chunks
 from gpux_pack.image.context import MTIME, Context, Entry, temporary_tar
 from gpux_pack.image.layout import Layer
-from gpux_pack.plan import UID, ImageConfig
-from gpux_pack.reference import parse_reference
+from gpux_pack.plan import DEFAULT_PATH, UID, ImageConfig
 from gpux_pack.staging import cache_dir
 
 NS = 1_000_000_000
-
-
-@dataclass(frozen=True)
-class LayerTar:
-    """A layer written on the host: its members, and the diff id the engine will compute."""
-
-    name: str  # the layout's layer ("packages", "model", ...)
-    members: list[layer_tar.Member]
-    diff_id: str
-    size: int
-    created_by: str  # its history line
-    uname: bytes  # the owner name this engine writes in layer tars
 
 
 @dataclass(frozen=True)
@@ -150,12 +136,19 @@ def derive_config(parent: dict[str, Any], labels: dict[str, str], image: ImageCo
                   ports: tuple[int, ...] = ()) -> dict[str, Any]:
     """The one way an image's config is made: its parent's, with what the Dockerfile sets on
     top (a runtime base image's ENV, USER, WORKDIR, HEALTHCHECK, ENTRYPOINT and CMD; a model
-    image's EXPOSE), and the labels added."""
+    image's EXPOSE), and the labels added. As Docker's builders and buildah do: a PATH when the
+    parent's config has none (appended; podman and containerd add no default), and ENV replaces
+    a variable where it stands, else appends it."""
     config = dict(parent.get("Config") or {})
     config.pop("Image", None)
+    env = list(config.get("Env") or [])
+    if not any(item.split("=", 1)[0] == "PATH" for item in env):
+        config["Env"] = env = [*env, f"PATH={DEFAULT_PATH}"]
     if image is not None:
-        env = [item for item in config.get("Env") or [] if item.split("=", 1)[0] not in {k for k, _ in image.env}]
-        config["Env"] = [*env, *(f"{k}={v}" for k, v in image.env)]
+        for key, value in image.env:
+            at = next((i for i, item in enumerate(env) if item.split("=", 1)[0] == key), len(env))
+            env[at:at + 1] = [f"{key}={value}"]
+        config["Env"] = env
         config["User"] = image.user
         config["WorkingDir"] = image.workdir
         config["Healthcheck"] = {
@@ -175,51 +168,16 @@ def derive_config(parent: dict[str, Any], labels: dict[str, str], image: ImageCo
 # the archive `docker load` reads
 
 
-def archive(images: list[Image]) -> Iterator[bytes]:
-    """The docker-save archive of `images` as chunks. Parent layers are named but not
-    included: the engine has them."""
-
-    def chunks() -> Iterator[bytes]:
-        manifest = []
-        for image in images:
-            config = image.config_json()
-            config_name = hashlib.sha256(config).hexdigest() + ".json"
-            paths = [f"{d.split(':', 1)[1]}/layer.tar" for d in image.parent["RootFS"]["Layers"]]
-            for lay in image.layers:
-                path = f"{lay.diff_id.split(':', 1)[1]}/layer.tar"
-                paths.append(path)
-                yield _member_header(path, lay.size)
-                yield from layer_tar.chunks(lay.members, lay.uname)
-                yield _padding(lay.size)
-            yield _member_header(config_name, len(config)) + config + _padding(len(config))
-            manifest.append({"Config": config_name, "RepoTags": [_repo_tag(image.tag)] if image.tag else None,
-                             "Layers": paths})  # fmt: skip
-        data = json.dumps(manifest).encode()
-        yield _member_header("manifest.json", len(data)) + data + _padding(len(data))
-        yield b"\0" * 1024
-
-    return chunks()
+def loadable(image: Image) -> Loadable:
+    """What the archive holds of an image (image/archive.py)."""
+    return Loadable(image.tag, image.config_json(), list(image.parent["RootFS"]["Layers"]), image.layers,
+                    len(image.history))
 
 
-def _member_header(name: str, size: int) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = size, 0o644, MTIME
-    return info.tobuf(format=tarfile.USTAR_FORMAT)
-
-
-def _padding(size: int) -> bytes:
-    return b"\0" * (-size % 512)
-
-
-def _repo_tag(tag: str) -> str:
-    repo, name = parse_reference(tag).repository_tag
-    return f"{repo}:{name}"
-
-
-def load(client: Any, images: list[Image]) -> str:
+def load(client: Any, images: list[Loadable]) -> str:
     """Load the images; the id of the last one. Tags move only when the engine took it all."""
     try:
-        out = client.api.load_image(archive(images), quiet=True)
+        out = client.api.load_image(chunks(images), quiet=True)
         text = ""
         for event in out if not isinstance(out, (bytes, str)) else [out]:
             if isinstance(event, dict):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpux_pack.errors import BuildError, DockerError
+from gpux_pack.image.archive import Loadable
 from gpux_pack.image.context import Context, Stream
 from gpux_pack.ui import Reporter
 
@@ -32,6 +33,7 @@ class BuiltImage:
     steps: int
     cached_steps: int
     assembled: bool = False  # made on the host and loaded (no builder); steps are then 0
+    loaded: Loadable | None = None  # what was loaded, when assembled (a model-only rebuild replays it)
 
 
 def build(

@@ -24,9 +24,9 @@ from gpux_pack.image import layer_tar
 from gpux_pack.image.layout import LAYERS
 from gpux_pack.plan import UID, Plan
 from gpux_pack.sources import runtime_files
-from gpux_pack.wheels import Installed
+from gpux_pack.wheels import Installed, bytecode
 
-MTIME = 315532800  # 1980-01-01: fixed, and valid in every archive format
+MTIME = layer_tar.MTIME
 MARKER = ".gpux-context"
 
 
@@ -96,6 +96,9 @@ def _runtime_base_entries(installed: Installed) -> list[Entry]:
             mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
             entries.append(Entry(f"{packages}/{path.relative_to(installed.path).as_posix()}", source=path, mode=mode))
     entries += [Entry(f"{runtime}/{src.name}", source=src) for src in runtime_files()]
+    if installed.compiled:
+        entries += [Entry(f"{runtime}/{name}", data=data)
+                    for name, data in bytecode(runtime_files(), LAYERS["runtime"].lands)]  # fmt: skip
     entries.append(Entry(LAYERS["cache"].source, data=cache_tar()))
     return entries
 

@@ -19,7 +19,7 @@ import jinja2
 
 from gpux_pack import __version__
 from gpux_pack.image.layout import LAYERS
-from gpux_pack.plan import APP_DIR, PYTHON, SITE, Plan, RuntimeBase, image_config
+from gpux_pack.plan import APP_DIR, PYTHON, SITE, ImageConfig, Plan, RuntimeBase
 from gpux_pack.providers import Provider
 from gpux_pack.reference import parse_reference
 from gpux_pack.sources import templates_dir
@@ -123,7 +123,7 @@ def link_check_command(provider: Provider) -> str:
     return shlex.join(cmd)
 
 
-def _render(provider: Provider, **values: Any) -> str:
+def _render(provider: Provider, image: ImageConfig, **values: Any) -> str:
     template = environment().get_template(provider.template_name)
     text = template.render(
         pack_version=__version__,
@@ -131,7 +131,7 @@ def _render(provider: Provider, **values: Any) -> str:
         site=SITE,
         python=PYTHON,
         app=APP_DIR,
-        image=image_config(provider),
+        image=image,
         layers=LAYERS,
         **values,
     )
@@ -148,6 +148,7 @@ def dockerfile(plan: Plan, part: str = "model") -> str:
     "image": self-contained, from the base image (what `render` writes), with the same layers."""
     return _render(
         plan.provider,
+        plan.runtime_base.config,
         part=part,
         runtime_base=plan.runtime_base.tag if part == "model" else None,
         name=plan.name,
@@ -167,6 +168,7 @@ def runtime_base_dockerfile(runtime_base: RuntimeBase, tag: str | None = None) -
     files in base-images/ are rendered from the same data as every model image."""
     return _render(
         runtime_base.provider,
+        runtime_base.config,
         part="runtime",
         runtime_base=None,
         name=None,

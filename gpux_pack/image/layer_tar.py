@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 BLOCK = 512
+MTIME = 315532800  # every file's time in the context and its layers: 1980-01-01, valid in every archive format
 CHUNK = 1 << 20
 
 

@@ -17,11 +17,13 @@ from typing import Any, Protocol
 from gpux_pack import staging
 from gpux_pack.engine import image_exists, inspect_parent
 from gpux_pack.image import assembler, builder, layer_tar
+from gpux_pack.image.archive import Loadable
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.image.context import Context, Entry
 from gpux_pack.image.dockerfile import warm_dockerfile
 from gpux_pack.image.layout import LAYERS, MODEL, RUNTIME_BASE
-from gpux_pack.plan import ImageConfig, Plan, RuntimeBase, created_now
+from gpux_pack.plan import ImageConfig, Plan, RuntimeBase
+from gpux_pack.timestamps import created_now
 from gpux_pack.ui import Reporter
 
 ASSEMBLED = assembler.ASSEMBLED  # how an assembled image's history lines begin
@@ -102,7 +104,8 @@ class Assembler:
             history=[(f"{ASSEMBLED}{text}", empty) for text, empty in job.history], created=job.created,
         )  # fmt: skip
         self.ui.info(job.assembling.format(mb=sum(x.size for x in tars) / 1e6))
-        return self._loaded(job.shown, assembler.load(self.client, [image]), started)
+        loaded = assembler.loadable(image)
+        return self._loaded(job.shown, assembler.load(self.client, [loaded]), started, loaded)
 
     def derive(self, parent: str, tag: str, members: list[layer_tar.Member], labels: dict[str, str],
                note: str) -> BuiltImage:
@@ -118,12 +121,12 @@ class Assembler:
             created=created_now(),
         )  # fmt: skip
         self.ui.info(f"warmup: assembling {tag} (+1 layer, {tar.size / 1e6:.1f} MB; nothing runs)")
-        return self._loaded(tag, assembler.load(self.client, [image]), started)
+        return self._loaded(tag, assembler.load(self.client, [assembler.loadable(image)]), started)
 
-    def _loaded(self, tag: str, image_id: str, started: float) -> BuiltImage:
+    def _loaded(self, tag: str, image_id: str, started: float, loaded: Loadable | None = None) -> BuiltImage:
         size = self.client.images.get(image_id).attrs.get("Size", 0)
         return BuiltImage(tag=tag, id=image_id, size_bytes=size, seconds=time.perf_counter() - started, steps=0,
-                          cached_steps=0, assembled=True)  # fmt: skip
+                          cached_steps=0, assembled=True, loaded=loaded)  # fmt: skip
 
 
 class Builder:

@@ -1,6 +1,7 @@
 """An OCI image index under a tag, written through the registry's HTTP API: the engine pushes one
 image per platform, but has no API for the index that joins them (buildx and `docker manifest`
-are CLI plugins; we need neither). Credentials are the user's Docker config, read by the
+are CLI plugins; we need neither). The same client reads manifests and config blobs for an image
+that is only in a registry (remote.py). Credentials are the user's Docker config, read by the
 Docker SDK (logins, credential helpers and stores); the token dance is the distribution spec's
 (401 + WWW-Authenticate Basic or Bearer). A registry the engine treats as insecure (loopback, or
 listed in insecure-registries) may answer over plain HTTP, as the engine allows.
@@ -21,6 +22,7 @@ from gpux_pack.reference import parse_reference
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFESTS = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
+LISTS = (INDEX, "application/vnd.docker.distribution.manifest.list.v2+json")
 TIMEOUT = 30
 
 
@@ -45,16 +47,33 @@ def platform_of(platform: str) -> dict[str, str]:
     return {"architecture": arch, "os": os_, **({"variant": "v8"} if arch == "arm64" else {})}
 
 
-class Registry:
-    """One repository of one registry, with the user's credentials."""
+@dataclass(frozen=True)
+class Manifest:
+    """A manifest or index as the registry serves it, its digest checked against its bytes."""
 
-    def __init__(self, client: Any, repository: str) -> None:
+    body: dict[str, Any]
+    media: str
+    digest: str  # sha256:...
+
+    @property
+    def is_list(self) -> bool:
+        return self.media in LISTS or ("manifests" in self.body and "config" not in self.body)
+
+
+class Registry:
+    """One repository of one registry, with the user's credentials (client: the engine, for its
+    credential-store environment and insecure-registries list; None reads the Docker config alone)."""
+
+    actions = "pull,push"  # what a Bearer token is asked for
+
+    def __init__(self, client: Any, repository: str, actions: str = "pull,push") -> None:
         import docker.auth
 
         self.name, self.path = parse_reference(repository).registry_path
         self.host = "registry-1.docker.io" if self.name == "docker.io" else self.name
         self.repository = repository
-        env = getattr(client.api, "credstore_env", None)
+        self.actions = actions
+        env = getattr(getattr(client, "api", None), "credstore_env", None)
         self.auth = docker.auth.resolve_authconfig(docker.auth.load_config(credstore_env=env), self.name, env) or {}
         self.insecure = _insecure(client, self.name)
         self.token: str | None = None
@@ -75,7 +94,7 @@ class Registry:
                 response = self._send(method, f"/v2/{self.path}/{path}", headers={**(headers or {}), **token},
                                       auth=None if self.token else self._basic(), **kw)  # fmt: skip
             except requests.RequestException as e:
-                raise DockerError(f"registry {self.name} unreachable ({type(e).__name__}: {str(e)[:200]})") from None
+                raise DockerError(f"registry {self.name} unreachable ({_reason(e)})") from None
             if response.status_code != 401 or attempt == 2 or \
                     not self._login(response.headers.get("WWW-Authenticate", "")):  # fmt: skip
                 return response
@@ -104,7 +123,7 @@ class Registry:
         if not fields["realm"].startswith("https://") and not self.insecure:
             raise DockerError(f"registry {self.name} asks for credentials at {fields['realm']!r}, not HTTPS: "
                               "refusing to send them in the clear")  # fmt: skip
-        params = {"service": fields.get("service", ""), "scope": f"repository:{self.path}:pull,push"}
+        params = {"service": fields.get("service", ""), "scope": f"repository:{self.path}:{self.actions}"}
         try:
             response = requests.get(fields["realm"], params=params, auth=self._basic(), timeout=TIMEOUT)
         except requests.RequestException as e:
@@ -114,6 +133,43 @@ class Registry:
         body = response.json()
         self.token = body.get("token") or body.get("access_token")
         return bool(self.token)
+
+    def manifest(self, reference: str) -> Manifest:
+        """The manifest or index under a tag or digest (any of the OCI and Docker v2 types). Its
+        digest is the sha256 of the bytes served, which must equal the registry's
+        Docker-Content-Digest and, for a digest reference, that digest. 404 is KeyError: the
+        caller says which image is unknown."""
+        response = self.request("GET", f"manifests/{reference}", headers={"Accept": ", ".join(MANIFESTS + LISTS)})
+        if response.status_code == 404:
+            raise KeyError(self._errors(response) or "HTTP 404")
+        self.check(response, f"manifest {self.repository}:{reference}" if ":" not in reference else
+                   f"manifest {self.repository}@{reference}")  # fmt: skip
+        body = response.content
+        digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
+        claimed = response.headers.get("Docker-Content-Digest") or digest
+        if digest != claimed or (reference.startswith("sha256:") and digest != reference):
+            raise DockerError(f"registry {self.name} returned other bytes for {self.repository} {reference} "
+                              f"(sha256 of the body {digest}, expected {reference if ':' in reference else claimed})")
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            raise DockerError(f"registry {self.name} returned a manifest for {self.repository} {reference} "
+                              "that is not JSON") from None  # fmt: skip
+        if not isinstance(parsed, dict):
+            raise DockerError(f"registry {self.name} returned a malformed manifest for {self.repository} {reference}")
+        media = parsed.get("mediaType") or response.headers.get("Content-Type", "").split(";")[0].strip()
+        if media not in MANIFESTS + LISTS and not ("manifests" in parsed or "config" in parsed):
+            raise DockerError(f"{self.repository} {reference} is a {media or 'manifest of no type'}, not an image "
+                              "(schema 1 and artifacts are not read)")  # fmt: skip
+        return Manifest(parsed, media, digest)
+
+    def blob(self, digest: str) -> bytes:
+        """A blob's bytes (a config: small), checked against its digest."""
+        response = self.request("GET", f"blobs/{digest}")
+        self.check(response, f"blob {self.repository}@{digest}")
+        if f"sha256:{hashlib.sha256(response.content).hexdigest()}" != digest:
+            raise DockerError(f"registry {self.name} returned other bytes for blob {self.repository}@{digest}")
+        return response.content
 
     def descriptor(self, member: Member) -> dict[str, Any]:
         """The index entry for one pushed manifest: its media type and size as the registry has it."""
@@ -138,18 +194,33 @@ class Registry:
         return Index(f"{self.repository}:{tag}", f"{self.repository}@{digest}",
                      tuple((m.platform, f"{self.repository}@{m.digest}") for m in members))  # fmt: skip
 
+    @staticmethod
+    def _errors(response: Any) -> str:
+        """The registry's error codes and messages (distribution spec's errors[]), one line."""
+        try:
+            errors = response.json().get("errors") or []
+            return "; ".join(f"{e.get('code', '')} {e.get('message', '')}".strip() for e in errors)[:300]
+        except (ValueError, AttributeError, TypeError):
+            return ""
+
     def check(self, response: Any, what: str) -> None:
         if response.status_code < 300:
             return
-        try:
-            errors = response.json().get("errors") or []
-            text = "; ".join(f"{e.get('code', '')} {e.get('message', '')}".strip() for e in errors)
-        except ValueError:
-            text = ""
-        text = text or f"HTTP {response.status_code}"
+        text = self._errors(response) or f"HTTP {response.status_code}"
         if response.status_code == 401 and "unauthorized" not in text.lower():
             text = f"unauthorized: {text}"
         raise DockerError(f"{what} on {self.name} failed: {explain(text, self.name)}")
+
+
+def _reason(e: Exception) -> str:
+    """requests' error in a few words (its text nests the URL and pool details several deep)."""
+    text = str(e)
+    for marker, said in (("Connection refused", "connection refused"), ("Name or service not known", "unknown host"),
+                         ("Temporary failure in name resolution", "unknown host"), ("timed out", "timed out"),
+                         ("CERTIFICATE_VERIFY_FAILED", "TLS certificate not trusted")):  # fmt: skip
+        if marker in text:
+            return said
+    return f"{type(e).__name__}: {text[:200]}"
 
 
 def _insecure(client: Any, registry: str) -> bool:

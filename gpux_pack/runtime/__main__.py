@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="print what /info would answer")
     predict = sub.add_parser("predict", help="one inference; prints the outputs as JSON")
     predict.add_argument("--input", "-i", required=True, help="JSON object, @file, or - for stdin")
-    sub.add_parser("healthcheck", help="exit 0 when the local server is ready (Docker HEALTHCHECK)")
+    health = sub.add_parser("healthcheck", help="exit 0 when the local server is ready (Docker HEALTHCHECK)")
+    health.add_argument("--live", action="store_true",
+                        help="exit 0 when it is alive, ready or not (a liveness probe: warmup may take minutes)")
     bench = sub.add_parser("bench", help="time session.run on generated inputs; prints p50/p99 as JSON")
     bench.add_argument("--runs", type=int, default=100, help="timed runs (1 to 100000)")
     sub.add_parser("linkcheck", help="check that a provider's shared libraries resolve", add_help=False)
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if command == "healthcheck":
-        return _healthcheck()
+        return _healthcheck("/v2/health/live" if args.live else "/health")
     try:
         settings = Settings.load()
         _logging(settings)
@@ -220,7 +222,7 @@ def _read_input(raw: str):
     return parse_json(data, "--input: malformed JSON")
 
 
-def _healthcheck() -> int:
+def _healthcheck(path: str) -> int:
     import urllib.request  # here, not at the top: serving never needs it (25 ms of imports)
 
     port = os.environ.get("GPUX_PORT")
@@ -230,7 +232,7 @@ def _healthcheck() -> int:
         except StartupError:
             port = "8080"
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=4) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=4) as r:
             return 0 if r.status == 200 else 1
     except Exception:
         return 1

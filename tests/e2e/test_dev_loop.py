@@ -5,8 +5,10 @@ tests/unit/test_dev_loop.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 import time
 
 import numpy as np
@@ -141,3 +143,61 @@ def test_init_output_builds_and_serves(tmp_path, tags):
         meta = server.get("/v2/models/iris").json()
         assert meta["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 4]}]
         assert [o["name"] for o in meta["outputs"]] == ["logits", "probs"]
+
+
+REPLAYED = "only the model's weights changed"
+
+
+def test_a_weights_only_rebuild_replays_the_last_build_and_equals_a_full_one(tmp_path, tags, docker_client):
+    """The same `build` after new weights: replayed (commands/rebuild.py), and the very image the
+    full build makes; a renamed input, broken bytes or an edited gpux.yml meet the full build."""
+    import onnx
+    from onnx import numpy_helper
+
+    from tests.conftest import BASE_IMAGE
+
+    project = copy_example("mlp", tmp_path)
+    tag, full = tags("rebuild"), tags("rebuild-full")
+    env = {"SOURCE_DATE_EPOCH": "1700000000"}
+    args = ("build", str(project), "--base-image", BASE_IMAGE, "--tag", tag)
+    first = run_cli(*args, env=env)
+    assert first.returncode == 0 and REPLAYED not in first.stderr, first.stderr[-2000:]
+
+    def edit(change):
+        model = onnx.load(str(project / "model.onnx"))
+        change(model)
+        onnx.save(model, str(project / "model.onnx"))
+
+    def bump(model):
+        init = model.graph.initializer[-1]
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(0.5), init.name))
+
+    edit(bump)
+    second = run_cli(*args, env=env)
+    assert second.returncode == 0 and REPLAYED in second.stderr and "provider:" not in second.stderr, second.stderr
+    assert re.match(rf"built {re.escape(tag)}  [0-9a-f]{{12}}  \d+ MB  cpu  ", second.stdout), second.stdout
+    reference_build = run_cli(*args[:-1], full, "-q", env={**env, "GPUX_PACK_REBUILD": "0"})
+    assert reference_build.returncode == 0, reference_build.stderr[-2000:]
+    assert docker_client.images.get(tag).id == docker_client.images.get(full).id
+    labels = docker_client.images.get(tag).labels
+    assert labels["io.gpux.model.sha256"] == hashlib.sha256((project / "model.onnx").read_bytes()).hexdigest()
+
+    edit(bump)  # again: the record follows the last replay
+    assert REPLAYED in run_cli(*args, env=env).stderr
+
+    edit(lambda m: setattr(m.graph.input[0], "name", "renamed"))  # gpux.yml names "features"
+    renamed = run_cli(*args, env=env)
+    assert renamed.returncode == 2 and REPLAYED not in renamed.stderr and "features" in renamed.stderr, renamed.stderr
+
+    good = (project / "model.onnx").read_bytes()
+    (project / "model.onnx").write_bytes(good[: len(good) // 2])
+    broken = run_cli(*args, env=env)
+    assert broken.returncode == 2 and REPLAYED not in broken.stderr and "model" in broken.stderr, broken.stderr
+
+    shutil.copy(EXAMPLES / "mlp" / "model.onnx", project / "model.onnx")
+    assert run_cli(*args, env=env).returncode == 0  # a full build records again
+    config = project / "gpux.yml"
+    config.write_text(config.read_text().replace("Three-class MLP", "A three-class MLP"))
+    edit(bump)
+    edited = run_cli(*args, env=env)
+    assert edited.returncode == 0 and REPLAYED not in edited.stderr and "provider:" in edited.stderr, edited.stderr

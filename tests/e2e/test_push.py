@@ -6,132 +6,19 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import BASE_IMAGE, EXAMPLES, free_port, run_cli, serve
+from tests.e2e.conftest import PASSWORD, USER
+from tests.manifests import kserve_schema, validate
 
 pytestmark = pytest.mark.e2e
 
-USER, PASSWORD = "gpux", "s3cret-pass"
 ARM64_BASE = os.environ.get("GPUX_TEST_ARM64_BASE_IMAGE", "gpux-pack/debian-python:bookworm-arm64")
-
-
-def _start_registry(root: Path, auth: str) -> tuple[subprocess.Popen, str]:
-    """Distribution 2.8 on a free 127.0.0.1 port with the given `auth:` section; returns once it
-    answers /v2/ with 401 (up, and asking for credentials)."""
-    binary = shutil.which("docker-registry")
-    if binary is None:
-        pytest.fail("the push tests need Debian's docker-registry package (`bash scripts/dev test` installs it)")
-    port = free_port()
-    (root / "config.yml").write_text(
-        "version: 0.1\nlog: {level: warn}\n"
-        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: true}}}}\n"
-        f"http: {{addr: '127.0.0.1:{port}'}}\n"
-        f"auth: {auth}\n"
-    )
-    proc = subprocess.Popen([binary, "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
-                            stderr=open(root / "registry.log", "wb"))  # fmt: skip
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
-        except urllib.error.HTTPError as e:
-            if e.code == 401:
-                return proc, f"127.0.0.1:{port}"
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the registry did not start: {(root / 'registry.log').read_text()[-2000:]}")
-        time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    """host:port of a registry that wants USER/PASSWORD (Basic); stopped (and its storage removed) after."""
-    import bcrypt
-
-    root = tmp_path_factory.mktemp("registry")
-    (root / "htpasswd").write_text(f"{USER}:{bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=5)).decode()}\n")
-    proc, address = _start_registry(root, f"{{htpasswd: {{realm: test, path: {root / 'htpasswd'}}}}}")
-    yield address
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def token_registry(tmp_path_factory):
-    """host:port of a registry with Bearer-token auth as Docker Hub and GHCR have it: a token
-    service here (RS256 JWTs with an x5c chain the registry trusts) grants pull,push to
-    USER/PASSWORD and nothing to anyone else."""
-    import datetime
-    import http.server
-    import threading
-    import urllib.parse
-
-    import jwt
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import NameOID
-
-    root = tmp_path_factory.mktemp("token-registry")
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpux-test-token-issuer")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))  # fmt: skip
-    (root / "issuer.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    chain = [base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()]
-    issued = []
-
-    class Tokens(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            given = self.headers.get("Authorization", "")
-            good = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-            if given != good:
-                self.send_response(401)
-                self.end_headers()
-                return
-            query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
-            access = []
-            for scope in query.get("scope", []):
-                kind, repo, actions = scope.split(":")
-                access.append({"type": kind, "name": repo, "actions": actions.split(",")})
-            stamp = int(time.time())
-            claims = {"iss": "gpux-test", "sub": USER, "aud": query.get("service", [""])[0], "iat": stamp,
-                      "nbf": stamp - 60, "exp": stamp + 600, "jti": str(stamp) + str(len(issued)), "access": access}
-            token = jwt.encode(claims, key, algorithm="RS256", headers={"x5c": chain})
-            issued.append(access)
-            body = json.dumps({"token": token, "access_token": token, "expires_in": 600}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Tokens)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    realm = f"http://127.0.0.1:{server.server_address[1]}/token"
-    proc, address = _start_registry(
-        root, f"{{token: {{realm: '{realm}', service: gpux-test-registry, issuer: gpux-test, "
-              f"rootcertbundle: {root / 'issuer.pem'}}}}}")  # fmt: skip
-    yield address, issued
-    proc.terminate()
-    proc.wait(timeout=10)
-    server.shutdown()
 
 
 def _docker_config(tmp_path: Path, registry: str, password: str) -> dict[str, str]:
@@ -234,7 +121,7 @@ def test_deploy_kubernetes_validates_pins_the_digest_and_locks_the_pod_down(push
     (container,) = pod["containers"]
     assert container["image"] == digest
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
+    assert container["livenessProbe"]["exec"]["command"][-2:] == ["healthcheck", "--live"]  # podman: no curl
     assert container["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}  # fmt: skip
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["terminationGracePeriodSeconds"] > 8
@@ -242,7 +129,9 @@ def test_deploy_kubernetes_validates_pins_the_digest_and_locks_the_pod_down(push
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]] and mounts["/opt/gpux/cache"] in volumes
     assert service["spec"]["ports"][0]["port"] == 8080
-    assert "resources" not in container  # cpu: no device to request
+    # cpu: no device; cpu and memory from the provider and the model's size (its label)
+    wanted = {"cpu": "2", "memory": "512Mi"}
+    assert container["resources"] == {"requests": wanted, "limits": wanted}
 
 
 def test_deploy_compose_validates_and_a_gpu_image_requests_its_device(pushed, tmp_path, docker_client):
@@ -260,41 +149,20 @@ def test_deploy_compose_validates_and_a_gpu_image_requests_its_device(pushed, tm
     service = doc["services"]["iris-mlp"]
     assert service["image"] == digest and service["read_only"] is True and service["cap_drop"] == ["ALL"]
     # the device each provider asks for (the subject as a cuda or rocm image would give it)
+    assert (service["cpus"], service["mem_limit"]) == (2.0, "512m")
     cuda = deploy.Subject(digest, "m", "cuda", "nvidia", 8080, None)
     (pod_container,) = deploy.kubernetes(cuda)[0]["spec"]["template"]["spec"]["containers"]
-    assert pod_container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert pod_container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert deploy.compose(cuda)["services"]["m"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     rocm = deploy.Subject(digest, "m", "rocm", "amd", 8080, None)
-    assert deploy.kubernetes(rocm)[0]["spec"]["template"]["spec"]["containers"][0]["resources"] == {
-        "limits": {"amd.com/gpu": 1}}
+    assert deploy.kubernetes(rocm)[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
+        "amd.com/gpu"] == 1  # fmt: skip
     schema.validate(deploy.compose(rocm))
+    schema.validate(deploy.compose(cuda, deploy.scaling(3)))  # replicas: deploy.replicas, ports Docker picks
     with pytest.raises(jsonschema.ValidationError):
         schema.validate({"services": {"m": {**deploy.compose(rocm)["services"]["m"], "readonly": True}}})
     unpushed = run_cli("deploy", BASE_IMAGE, "--target", "kubernetes")
     assert unpushed.returncode == 2 and "not an image built by gpux-pack" in unpushed.stderr
-
-
-def _kserve_schema() -> dict:
-    """The InferenceService v1beta1 schema from KServe's CRD (tests/schemas), made strict as
-    `kubectl --validate=strict` is: a field the schema does not name is an error, not pruned."""
-    import gzip
-
-    schema = json.loads(gzip.decompress((Path(__file__).parents[1] / "schemas" /
-                                         "kserve-inferenceservice-v1beta1.json.gz").read_bytes()))  # fmt: skip
-
-    def strict(node):
-        if isinstance(node, dict):
-            if "properties" in node and "additionalProperties" not in node and \
-                    not node.get("x-kubernetes-preserve-unknown-fields"):  # fmt: skip
-                node["additionalProperties"] = False
-            for value in node.values():
-                strict(value)
-        elif isinstance(node, list):
-            for value in node:
-                strict(value)
-
-    strict(schema)
-    return schema
 
 
 def test_deploy_kserve_validates_against_the_crd_and_speaks_v2(pushed, tmp_path):
@@ -308,7 +176,7 @@ def test_deploy_kserve_validates_against_the_crd_and_speaks_v2(pushed, tmp_path)
     assert proc.returncode == 0, proc.stderr
     (doc,) = yaml.safe_load_all((tmp_path / "kserve" / "iris-mlp-inferenceservice.yaml").read_text())
     assert (doc["apiVersion"], doc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
-    validator = jsonschema.Draft7Validator(_kserve_schema())
+    validator = jsonschema.Draft7Validator(kserve_schema())
     validator.validate(doc)
     typo = json.loads(json.dumps(doc))
     typo["spec"]["predictor"]["containers"][0]["readOnlyRootFS"] = True
@@ -323,9 +191,99 @@ def test_deploy_kserve_validates_against_the_crd_and_speaks_v2(pushed, tmp_path)
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert predictor["securityContext"]["runAsNonRoot"] is True and predictor["terminationGracePeriodSeconds"] > 8
     assert doc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
-    cuda = deploy.kserve(deploy.Subject(digest, "m", "cuda", "nvidia", 8080, None))
+    (cuda,) = deploy.kserve(deploy.Subject(digest, "m", "cuda", "nvidia", 8080, None))
     validator.validate(cuda)
-    assert cuda["spec"]["predictor"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert cuda["spec"]["predictor"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_deploy_compose_replicas_run_and_serve(pushed, tmp_path, docker_client):
+    """`--replicas 2` for compose, run by docker-compose 1.29: two containers, each with its own
+    host port (Docker's choice), the cpu and memory limits the runtime sizes itself by, and both
+    ready."""
+    import requests
+
+    tag, _ = pushed
+    proc = run_cli("deploy", tag, "--target", "compose", "--replicas", "2", "--output", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    project = f"gpuxreplicas{os.getpid()}"
+    compose = ["docker-compose", "-p", project, "-f", str(tmp_path / "compose.yaml")]
+    try:
+        up = subprocess.run([*compose, "up", "-d"], capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stderr[-3000:]
+        containers = docker_client.containers.list(filters={"label": f"com.docker.compose.project={project}"})
+        assert len(containers) == 2
+        for c in containers:
+            assert (c.attrs["HostConfig"]["NanoCpus"], c.attrs["HostConfig"]["Memory"]) == (2 * 10**9, 512 << 20)
+        ports = set()
+        for index in (1, 2):
+            port = subprocess.run([*compose, "port", "--index", str(index), "iris-mlp", "8080"], capture_output=True,
+                                  text=True, timeout=60).stdout.strip().rsplit(":", 1)[-1]  # fmt: skip
+            ports.add(port)
+            deadline, status = time.monotonic() + 120, None
+            while time.monotonic() < deadline:
+                try:
+                    status = requests.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code
+                except requests.ConnectionError:
+                    status = None
+                if status == 200:
+                    break
+                time.sleep(0.2)
+            assert status == 200, f"replica {index} on port {port} never became ready"
+        assert len(ports) == 2
+    finally:
+        subprocess.run([*compose, "down", "-v", "--timeout", "20"], capture_output=True, timeout=300)
+
+
+def test_deploy_scales_out_with_an_autoscaler_a_budget_and_a_shared_cache(pushed, tmp_path, docker_client):
+    """The issue's acceptance on a pushed image: `--max-replicas 4 --cache-claim c` writes an
+    HPA (KServe: its own), a PodDisruptionBudget and the claim, all strictly valid, and cpu and
+    memory requests sized from the image's model-size label."""
+    import yaml
+
+    tag, digest = pushed
+    model_bytes = (EXAMPLES / "mlp" / "model.onnx").stat().st_size
+    assert docker_client.images.get(tag).labels["io.gpux.model.bytes"] == str(model_bytes)
+    files = {"kubernetes": "iris-mlp.yaml", "kserve": "iris-mlp-inferenceservice.yaml"}
+    found = {}
+    for target, name in files.items():
+        out = tmp_path / target
+        proc = run_cli("deploy", tag, "--target", target, "--max-replicas", "4", "--cache-claim", "c",
+                       "--output", str(out))  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        found[target] = list(yaml.safe_load_all((out / name).read_text()))
+        validate(found[target])  # Kubernetes objects by the API's schemas, the InferenceService by KServe's
+    kinds = {target: [d["kind"] for d in docs] for target, docs in found.items()}
+    assert kinds == {"kubernetes": ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+                                    "PersistentVolumeClaim"],
+                     "kserve": ["InferenceService", "PodDisruptionBudget", "PersistentVolumeClaim"]}  # fmt: skip
+    deployment, _, hpa, budget, claim = found["kubernetes"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4) and "replicas" not in deployment["spec"]
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert claim["metadata"]["name"] == "c" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    isvc = found["kserve"][0]
+    for pod in (deployment["spec"]["template"]["spec"], isvc["spec"]["predictor"]):
+        (container,) = pod["containers"]
+        assert container["image"] == digest
+        assert container["resources"]["requests"] == {"cpu": "2", "memory": "512Mi"}
+        assert {"name": "cache", "persistentVolumeClaim": {"claimName": "c"}} in pod["volumes"]
+        assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    predictor = isvc["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"], predictor["scaleMetric"]) == (1, 4, "cpu")
+    # overrides, and the one-line refusals (exit 2)
+    proc = run_cli("deploy", tag, "--target", "kubernetes", "--cpu", "500m", "--memory", "3Gi", "--replicas", "2")
+    assert proc.returncode == 0, proc.stderr
+    deployment, _, _ = yaml.safe_load_all(proc.stdout)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "500m",
+                                                                                              "memory": "3Gi"}
+    refused = [(["--target", "kubernetes", "--memory", "lots"], "--memory 'lots': not a Kubernetes quantity"),
+               (["--target", "kubernetes", "--replicas", "3", "--max-replicas", "2"],
+                "--max-replicas 2 is below --replicas 3"),
+               (["--target", "compose", "--max-replicas", "4"], "--max-replicas: compose has no autoscaler")]
+    for flags, message in refused:
+        proc = run_cli("deploy", tag, *flags)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), proc.stderr
 
 
 def _two_platforms(registry: str, env: dict[str, str], authorization: str, docker_client) -> None:

@@ -22,8 +22,8 @@ ADD cache.tar /
 USER 10001:10001
 WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python3", "-m", "gpux_runtime", "healthcheck"]
-ENTRYPOINT ["python3", "-m", "gpux_runtime"]
+  CMD ["/usr/bin/python3", "-m", "gpux_runtime", "healthcheck"]
+ENTRYPOINT ["/usr/bin/python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 EXPOSE 8080
 COPY model/ /
@@ -36,6 +36,7 @@ LABEL org.opencontainers.image.title="iris-mlp" \
       io.gpux.model.name="iris-mlp" \
       io.gpux.model.version="1.0.0" \
       io.gpux.model.sha256="662708a4a220efd05fd7509166b62a2fc9974960cdfaa5912876ffb76a3f9bfb" \
+      io.gpux.model.bytes="833" \
       io.gpux.provider="tensorrt" \
       io.gpux.onnxruntime.version="1.22.0" \
       io.gpux.pack.version="0.1.0" \

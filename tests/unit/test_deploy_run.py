@@ -1,11 +1,17 @@
 """`deploy` manifests and `run`'s container options: how an image is meant to run, as plain data.
 
 No Docker and no registry: deploy.Subject stands for what the image's labels and pushed digest
-say; run.container_options takes a GpuxImage built from a labels dict (no SDK image).
+say; run.container_options takes a GpuxImage built from a labels dict (no SDK image). The
+scale-out manifests are validated strictly here too (tests/manifests.py: the Kubernetes API's
+schemas, bundled by kubernetes-validate, and KServe's CRD schema; no network).
 """
 
 from __future__ import annotations
 
+from decimal import Decimal
+
+import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -16,6 +22,7 @@ from gpux_pack.errors import UsageError
 from gpux_pack.plan import CACHE_DIR
 from gpux_pack.providers import Devices
 from gpux_pack.runtime.settings import DRAIN_SECONDS
+from tests.manifests import validate
 
 IMAGE = "reg.example/team/iris@sha256:" + "ab" * 32
 TARGETS = ("compose", "kubernetes", "kserve")
@@ -24,23 +31,24 @@ FILES = {"compose": "compose.yaml", "kubernetes": "iris.yaml", "kserve": "iris-i
 DEVICE_ROWS = [pytest.param(p, providers.get(p).device, id=p) for p in ("cpu", "cuda", "rocm", "openvino")]
 
 
-def subject(device: str | None = None, grpc_port: int | None = None, provider: str = "cpu") -> deploy.Subject:
-    return deploy.Subject(IMAGE, "iris", provider, device, 8080, grpc_port)
+def subject(device: str | None = None, grpc_port: int | None = None, provider: str = "cpu",
+            model_bytes: int | None = 269) -> deploy.Subject:
+    return deploy.Subject(IMAGE, "iris", provider, device, 8080, grpc_port, model_bytes)
 
 
-def docs(s: deploy.Subject, target: str) -> list[dict]:
-    files = deploy.manifests(s, target)
+def docs(s: deploy.Subject, target: str, sc: deploy.Scaling | None = None) -> list[dict]:
+    files = deploy.manifests(s, target, sc)
     assert list(files) == [FILES[target]]
     return list(yaml.safe_load_all(files[FILES[target]]))
 
 
-def pod_of(s: deploy.Subject, target: str) -> dict:
+def pod_of(s: deploy.Subject, target: str, sc: deploy.Scaling | None = None) -> dict:
     """The pod spec of a Kubernetes Deployment or a KServe predictor."""
-    found = docs(s, target)
+    found = docs(s, target, sc)
     if target == "kubernetes":
-        assert [d["kind"] for d in found] == ["Deployment", "Service"]
+        assert [d["kind"] for d in found][:2] == ["Deployment", "Service"]
         return found[0]["spec"]["template"]["spec"]
-    [isvc] = found
+    isvc = found[0]
     assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
     return isvc["spec"]["predictor"]
 
@@ -98,12 +106,13 @@ def test_pod_is_locked_down_with_probes_and_grace(target):
     [container] = pod["containers"]
     assert container["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}  # fmt: skip
-    probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe")}
     assert probes == {
         "startupProbe": {"path": "/v2/health/ready", "port": 8080},
         "readinessProbe": {"path": "/v2/health/ready", "port": 8080},
-        "livenessProbe": {"path": "/v2/health/live", "port": 8080},
     }
+    # the image's own check, not httpGet: podman runs the liveness probe inside the container (curl)
+    assert container["livenessProbe"]["exec"]["command"] == ["python3", "-m", "gpux_runtime", "healthcheck", "--live"]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts == {"/tmp": "tmp", CACHE_DIR: "cache"}
     assert {v["name"] for v in pod["volumes"]} == {"tmp", "cache"}
@@ -138,15 +147,16 @@ def test_compose_devices_come_from_the_table(provider, device):
 @pytest.mark.parametrize("target", ["kubernetes", "kserve"])
 def test_kubernetes_device_limits_come_from_the_table(target, provider, device):
     [container] = pod_of(subject(device, provider=provider), target)["containers"]
-    expected = {"nvidia": {"limits": {"nvidia.com/gpu": 1}}, "amd": {"limits": {"amd.com/gpu": 1}}}.get(device)
-    assert container.get("resources") == expected
+    limits = container["resources"]["limits"]
+    expected = {"nvidia": {"nvidia.com/gpu": 1}, "amd": {"amd.com/gpu": 1}}.get(device, {})
+    assert {k: v for k, v in limits.items() if k not in ("cpu", "memory")} == expected
 
 
 def test_intel_device_row():
     s = subject("intel", provider="openvino")
     assert service_of(s)["devices"] == ["/dev/dri"]
     [container] = pod_of(s, "kubernetes")["containers"]
-    assert container["resources"] == {"limits": {"gpu.intel.com/i915": 1}}
+    assert container["resources"]["limits"]["gpu.intel.com/i915"] == 1
 
 
 def test_grpc_port_is_exposed_when_set():
@@ -164,6 +174,190 @@ def test_grpc_port_is_exposed_when_set():
 def test_no_grpc_port_by_default():
     _, service = docs(subject(), "kubernetes")
     assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
+
+
+# ---------------------------------------------------------------------------------------------
+# deploy: resources and scale-out
+
+# (model bytes, the runtime's peak RSS in MiB): `gpux-pack serve` on CPU, onnxruntime 1.32, a
+# one-hidden-layer model of examples/mlp's interface (28 bytes of weights per hidden unit)
+MEASURED = [(269, 85), (28_000_259, 168), (112_000_261, 425), (336_000_262, 1126)]
+
+
+@pytest.mark.parametrize(("size", "peak_mib"), MEASURED)
+def test_memory_leaves_the_runtime_its_in_flight_half(size, peak_mib):
+    """The runtime lends half its memory limit to tensors in flight: the measured peak of the
+    runtime with its model must fit in the other half."""
+    memory = deploy.memory_for(size)
+    assert memory // 2 >= peak_mib * deploy.MiB
+    assert memory % (64 * deploy.MiB) == 0 and memory >= deploy.MIN_MEMORY
+
+
+def test_memory_rule():
+    assert deploy.memory_for(269) == 512 * deploy.MiB  # the floor
+    assert deploy.memory_for(336_000_262) == 2560 * deploy.MiB  # 2 x (128 MiB + 3.5 x 336 MB), up to 64 MiB
+    assert deploy.memory_for(None) == 2 * deploy.GiB  # an image without io.gpux.model.bytes
+    sizes = [0, 10**6, 10**8, 10**9, 10**10]
+    assert [deploy.memory_for(n) for n in sizes] == sorted(deploy.memory_for(n) for n in sizes)
+    assert deploy.model_bytes({"io.gpux.model.bytes": "1234"}) == 1234
+    assert deploy.model_bytes({}) is None and deploy.model_bytes({"io.gpux.model.bytes": "-1"}) is None
+
+
+@pytest.mark.parametrize(("provider", "device", "cpu"), [("cpu", None, "2"), ("openvino", None, "2"),
+                                                         ("cuda", "nvidia", "1"), ("rocm", "amd", "1")])  # fmt: skip
+@pytest.mark.parametrize("target", ["kubernetes", "kserve"])
+def test_cpu_and_memory_are_requested_and_limited_alike(target, provider, device, cpu):
+    [container] = pod_of(subject(device, provider=provider, model_bytes=112_000_261), target)["containers"]
+    wanted = {"cpu": cpu, "memory": "1Gi"}  # 2 x (128 MiB + 3.5 x 112 MB), up to 64 MiB
+    assert container["resources"]["requests"] == wanted
+    assert {k: container["resources"]["limits"][k] for k in wanted} == wanted
+    assert deploy.resources(subject(device, provider=provider), deploy.Scaling()) == (int(cpu) * 1000, 512 * deploy.MiB)
+
+
+def test_flags_override_the_derived_resources():
+    sc = deploy.scaling(cpu="500m", memory="3Gi")
+    [container] = pod_of(subject(), "kubernetes", sc)["containers"]
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "3Gi"},
+                                      "limits": {"cpu": "500m", "memory": "3Gi"}}  # fmt: skip
+    [doc] = docs(subject(), "compose", sc)
+    assert (doc["services"]["iris"]["cpus"], doc["services"]["iris"]["mem_limit"]) == (0.5, "3072m")
+    default = service_of(subject())
+    assert (default["cpus"], default["mem_limit"]) == (2.0, "512m")
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("2", 2), ("500m", 0.5), ("1.5", 1.5), (".5", 0.5), ("1Ki", 1024), ("1536Mi", 1536 << 20), ("4G", 4 * 10**9),
+    ("1e9", 10**9), ("1E3", 1000), ("2P", 2 * 10**15), ("1k", 1000), ("1e-3", 0.001)])  # fmt: skip
+def test_kubernetes_quantities(text, value):
+    assert deploy.quantity(text, "--memory", "2Gi") == Decimal(str(value))
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"replicas": 0}, "--replicas 0: at least 1"),
+    ({"replicas": 3, "max_replicas": 2}, "--max-replicas 2 is below --replicas 3"),
+    ({"cpu": "two"}, "--cpu 'two': not a Kubernetes quantity (such as 2, 500m or 1.5)"),
+    ({"cpu": "-1"}, "--cpu '-1': not a Kubernetes quantity"),
+    ({"cpu": "0"}, "--cpu '0': more than 0 CPUs"),
+    ({"memory": "1.5GB"}, "--memory '1.5GB': not a Kubernetes quantity (such as 2Gi, 1536Mi or 4G)"),
+    ({"memory": "2 Gi"}, "--memory '2 Gi': not a Kubernetes quantity"),
+    ({"memory": "64Mi"}, "--memory '64Mi': at least 128Mi"),
+    ({"memory": "9Ei"}, "--memory '9Ei': too large"),
+    ({"memory": "1e999"}, "--memory '1e999': not a Kubernetes quantity"),
+    ({"cache_claim": "Cache_1"}, "--cache-claim 'Cache_1': not a Kubernetes object name"),
+    ({"cache_claim": "-c"}, "--cache-claim '-c': not a Kubernetes object name"),
+    ({"cache_size": "5Gi"}, "--cache-size sizes the claim --cache-claim names: give --cache-claim"),
+    ({"cache_claim": "c", "cache_size": "lots"}, "--cache-size 'lots': not a Kubernetes quantity"),
+])  # fmt: skip
+def test_bad_scale_flags_are_one_line_usage_errors(flags, message):
+    with pytest.raises(UsageError) as e:
+        deploy.scaling(**flags)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_one_replica_writes_no_budget_no_spread_no_autoscaler():
+    found = docs(subject(), "kubernetes")
+    assert [d["kind"] for d in found] == ["Deployment", "Service"]
+    assert found[0]["spec"]["replicas"] == 1
+    assert "topologySpreadConstraints" not in found[0]["spec"]["template"]["spec"]
+    [isvc] = docs(subject(), "kserve")
+    predictor = isvc["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (1, 1)
+    assert not {"scaleMetric", "scaleTarget", "topologySpreadConstraints"} & set(predictor)
+
+
+def test_fixed_replicas_get_a_budget_and_a_spread_but_no_autoscaler():
+    sc = deploy.scaling(3)
+    found = docs(subject(), "kubernetes", sc)
+    assert [d["kind"] for d in found] == ["Deployment", "Service", "PodDisruptionBudget"]
+    deployment, _, budget = found
+    assert deployment["spec"]["replicas"] == 3
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
+    [spread] = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread == {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+                      "labelSelector": {"matchLabels": labels}, "matchLabelKeys": ["pod-template-hash"]}  # fmt: skip
+    isvc, kserve_budget = docs(subject(), "kserve", sc)
+    predictor = isvc["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (3, 3) and "scaleMetric" not in predictor
+    assert kserve_budget["spec"]["selector"]["matchLabels"] == predictor["labels"]  # the labels KServe puts on its pods
+    validate(found + [isvc, kserve_budget])
+
+
+def test_autoscaling_is_an_hpa_on_cpu_and_kserves_own():
+    sc = deploy.scaling(2, 5)
+    found = docs(subject(), "kubernetes", sc)
+    assert [d["kind"] for d in found] == ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"]
+    deployment, _, hpa, _ = found
+    assert "replicas" not in deployment["spec"]  # the HPA's to set: a re-apply must not reset it
+    assert hpa["spec"] == {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "iris"},
+        "minReplicas": 2, "maxReplicas": 5,
+        "metrics": [{"type": "Resource", "resource": {
+            "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]}  # fmt: skip
+    isvc, _ = docs(subject(), "kserve", sc)
+    predictor = isvc["spec"]["predictor"]
+    assert {k: predictor[k] for k in ("minReplicas", "maxReplicas", "scaleMetric", "scaleTarget")} == {
+        "minReplicas": 2, "maxReplicas": 5, "scaleMetric": "cpu", "scaleTarget": 70}  # fmt: skip
+
+
+@pytest.mark.parametrize("target", ["kubernetes", "kserve"])
+def test_cache_claim_replaces_the_emptydir_and_is_written(target):
+    sc = deploy.scaling(cache_claim="gpux-cache.shared", cache_size="50Gi")
+    pod = pod_of(subject(), target, sc)
+    assert {"name": "cache", "persistentVolumeClaim": {"claimName": "gpux-cache.shared"}} in pod["volumes"]
+    claim = docs(subject(), target, sc)[-1]
+    assert (claim["kind"], claim["metadata"]["name"]) == ("PersistentVolumeClaim", "gpux-cache.shared")
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "50Gi"}}}
+    assert docs(subject(), target, deploy.scaling(cache_claim="c"))[-1]["spec"]["resources"] == {
+        "requests": {"storage": "10Gi"}}  # fmt: skip
+    assert {"name": "cache", "emptyDir": {}} in pod_of(subject(), target)["volumes"]
+
+
+@pytest.mark.parametrize(("provider", "device"), DEVICE_ROWS)
+@pytest.mark.parametrize("target", ["kubernetes", "kserve"])
+def test_scaled_manifests_validate_strictly(target, provider, device):
+    """The issue's acceptance: --max-replicas 4 --cache-claim c gives an autoscaler, a budget and
+    the claim, all valid to the letter (as YAML text, as deploy writes it)."""
+    found = docs(subject(device, 8081, provider), target, deploy.scaling(max_replicas=4, cache_claim="c"))
+    kinds = [d["kind"] for d in found]
+    if target == "kubernetes":
+        assert kinds == ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+                         "PersistentVolumeClaim"]  # fmt: skip
+    else:
+        assert kinds == ["InferenceService", "PodDisruptionBudget", "PersistentVolumeClaim"]
+    validate(found)
+    [container] = pod_of(subject(device, provider=provider), target, deploy.scaling(max_replicas=4))["containers"]
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+
+
+def test_strict_validation_catches_a_typo_in_the_new_objects():
+    _, _, hpa, budget, claim = deploy.kubernetes(subject(), deploy.scaling(max_replicas=4, cache_claim="c"))
+    for doc, typo in ((hpa, "maxReplica"), (budget, "maxUnavailble"), (claim, "accesModes")):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            validate([{**doc, "spec": {**doc["spec"], typo: 1}}])
+    isvc, *_ = deploy.kserve(subject(), deploy.scaling(max_replicas=4))
+    with pytest.raises(jsonschema.ValidationError):
+        validate([{**isvc, "spec": {"predictor": {**isvc["spec"]["predictor"], "scaleMetrics": "cpu"}}}])
+
+
+def test_compose_replicas_publish_on_ports_docker_picks():
+    service = service_of(subject(grpc_port=8081))
+    assert service["ports"] == ["8080:8080", "8081:8081"] and "deploy" not in service
+    [doc] = docs(subject(grpc_port=8081), "compose", deploy.scaling(3))
+    service = doc["services"]["iris"]
+    assert service["deploy"] == {"replicas": 3}
+    assert service["ports"] == ["8080", "8081"]  # one fixed host port cannot serve three containers
+    gpu = deploy.compose(subject("nvidia", provider="cuda"), deploy.scaling(2))["services"]["iris"]["deploy"]
+    assert gpu["replicas"] == 2 and gpu["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"max_replicas": 4}, "--max-replicas: compose has no autoscaler; --replicas sets how many run"),
+    ({"cache_claim": "c"}, "--cache-claim names a Kubernetes PersistentVolumeClaim; compose's replicas share"),
+])  # fmt: skip
+def test_compose_refuses_what_it_cannot_do(flags, message):
+    with pytest.raises(UsageError, match=f"^{message}"):
+        deploy.manifests(subject(), "compose", deploy.scaling(**flags))
 
 
 # ---------------------------------------------------------------------------------------------

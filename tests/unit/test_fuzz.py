@@ -524,6 +524,8 @@ def dockerfile_problems(r: Rendered, base: Baseline, view_label: str = "") -> li
         if unicode_lines:
             continue
         for ins, value, expected in zip(p.instructions, p.values, base.values):
+            if ins in ("HEALTHCHECK", "ENTRYPOINT"):  # the base's interpreter, by its absolute path
+                value, expected = (re.sub(r'"/usr(?:/local)?/bin/python3"', '"python3"', v) for v in (value, expected))
             if ins in _SAME_VALUE and value != expected:
                 problems.append(Problem("instruction changed", f"{view}: {ins}", f"{value[:200]!r} != {expected[:200]!r}"))
             elif ins == "EXPOSE" and value.strip() != str(r.port):

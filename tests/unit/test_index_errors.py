@@ -118,7 +118,7 @@ def _cached_lock() -> None:
     straight to downloading its wheels."""
     cpu = providers.get("cpu")
     target = wheels.Target("3.11", "x86_64", (2, 36))
-    path = wheels._lock_path(cpu.requirements(), target)
+    path = wheels.lock_path(cpu.requirements(), target)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"click==8.5.1 --hash=sha256:{'0' * 64}\nonnxruntime=={cpu.version} --hash=sha256:{'1' * 64}\n")
 

@@ -238,3 +238,51 @@ def test_target_tags():
     assert Target("3.12", "aarch64", (2, 29)).uv_platform == "aarch64-manylinux_2_28"
     assert "manylinux2014_x86_64" in t.platforms and "manylinux_2_36_x86_64" == t.platforms[0]
     assert any(str(tag) == "cp311-abi3-manylinux2014_x86_64" for tag in t.tags())
+
+
+def test_entrypoint_names_the_interpreter_by_its_absolute_path():
+    """No OCI runtime has to search a PATH: the probe's python3, else where the base keeps it."""
+    from dataclasses import replace
+
+    from gpux_pack.plan import interpreter
+
+    slim, vendor = providers.PROVIDERS["cuda"].bases["default"], providers.PROVIDERS["cuda"].bases["vendor"]
+    assert interpreter(slim) == "/usr/local/bin/python3"  # python:3.11-slim
+    assert interpreter(vendor) == "/usr/bin/python3"  # python3 from apt
+    assert interpreter(replace(slim, image="docker.io/library/python:3.12-slim")) == "/usr/local/bin/python3"
+    assert interpreter(replace(slim, image="debian:bookworm")) == "/usr/bin/python3"
+    probed = replace(slim, image="debian:bookworm", interpreter="/opt/py/bin/python3")
+    assert interpreter(probed) == "/opt/py/bin/python3"
+    text = render.dockerfile(plan_for("cpu"), part="image")
+    assert 'ENTRYPOINT ["/usr/local/bin/python3", "-m", "gpux_runtime"]' in text
+    assert 'CMD ["/usr/local/bin/python3", "-m", "gpux_runtime", "healthcheck"]' in text
+
+
+def test_python_path_is_the_one_the_usual_path_finds(tmp_path):
+    from gpux_pack.engine.rootfs import python_path
+
+    assert python_path(tmp_path) is None
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "usr" / "bin" / "python3.11").write_bytes(b"")
+    (tmp_path / "usr" / "bin" / "python3").symlink_to("python3.11")
+    assert python_path(tmp_path) == "/usr/bin/python3"
+    (tmp_path / "usr" / "local" / "bin").mkdir(parents=True)
+    (tmp_path / "usr" / "local" / "bin" / "python3").symlink_to("/usr/bin/python3.11")  # absolute: inside the root
+    assert python_path(tmp_path) == "/usr/local/bin/python3"
+
+
+def test_config_is_complete_without_a_runtimes_defaults():
+    """derive_config does what Docker's builders and buildah do: PATH when the parent has none
+    (appended), ENV replacing a variable where it stands."""
+    from gpux_pack.image.assembler import derive_config
+    from gpux_pack.plan import DEFAULT_PATH
+
+    image = plan_for("cpu").runtime_base.config
+    bare = derive_config({"Config": {"Env": None, "Cmd": ["bash"]}}, {"a": "b"}, image)
+    assert bare["Env"][0] == f"PATH={DEFAULT_PATH}"
+    assert bare["Entrypoint"][0].startswith("/") and bare["Healthcheck"]["Test"][1].startswith("/")
+    assert derive_config({"Config": {}}, {})["Env"] == [f"PATH={DEFAULT_PATH}"]  # a warmed image's parent, too
+    parent = {"Config": {"Env": ["LANG=C.UTF-8", "PYTHONUNBUFFERED=0", "PATH=/opt/x/bin:/usr/bin"]}}
+    env = derive_config(parent, {}, image)["Env"]
+    assert env[:3] == ["LANG=C.UTF-8", "PYTHONUNBUFFERED=1", "PATH=/opt/x/bin:/usr/bin"]
+    assert [item.split("=", 1)[0] for item in env[3:]] == [k for k, _ in image.env if k != "PYTHONUNBUFFERED"]

@@ -1,0 +1,339 @@
+"""A model-only rebuild: when the same `gpux-pack build` runs again and nothing but the model's
+weights changed, the last build's image is replayed with the new model instead of loading
+the config, the model's graph, the plan, the lock and the Dockerfile again.
+
+After an assembled build of one image (no --push, --json, --refresh, --no-cache, baked
+warmup or several platforms), `record` writes what was loaded (image/archive.py's Loadable:
+config, layers, parent) keyed by the command line, the working folder, gpux-pack's version
+and the environment variables a build reads. `replay` answers the next identical command
+when every input but the model is as recorded (the project folder's other files, the wheel
+lock, the base and runtime base images' ids) and the new model differs from the recorded one
+only in the values of its initializers: the same graph, names, types, shapes and byte
+lengths, so every check the full build makes on a model gives the same verdict. The image is
+then the recorded one with the model layer rewritten, the model's digest and size put in
+gpux.json and the labels, and a new creation time: byte for byte what the full build makes
+(a test compares the two). Anything else, or anything unexpected, returns False and the full
+build runs. GPUX_PACK_REBUILD=0 turns it off.
+
+It imports only the standard library and three small modules, and talks to the engine over
+its unix socket itself: the whole rebuild is mostly the engine's `docker load`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import mmap
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from gpux_pack import __version__, staging
+from gpux_pack.image import layer_tar
+from gpux_pack.image.archive import LayerTar, Loadable, chunks
+from gpux_pack.timestamps import created_now
+from gpux_pack.ui import built_line
+
+FORMAT = 1
+REFUSED = ("--json", "--push", "--refresh", "--no-cache", "--platform", "--warmup", "--help")
+ENV_PREFIXES = ("GPUX", "DOCKER", "PIP_", "UV_", "SOURCE_DATE_EPOCH", "HOME", "XDG_CACHE_HOME", "SSL_CERT",
+                "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+MAX_PROJECT_FILES = 2000
+
+
+class Miss(Exception):
+    """The fast path does not apply: the full build runs."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the key and the inputs it does not cover
+
+
+def _record_path(argv: list[str]) -> Path:
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and k != "GPUX_PACK_REBUILD")
+    key = json.dumps([FORMAT, __version__, os.getcwd(), argv, env])
+    return staging.cache_dir() / "rebuild" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def _fingerprint(folder: Path, skip: set[str]) -> list[list[Any]]:
+    """Every file under the project folder but the model: name, size, modification time."""
+    found: list[list[Any]] = []
+    stack = [folder]
+    while stack:
+        current = stack.pop()
+        with os.scandir(current) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                    continue
+                if entry.path in skip:
+                    continue
+                st = entry.stat(follow_symlinks=True) if entry.is_file() else entry.stat(follow_symlinks=False)
+                found.append([os.path.relpath(entry.path, folder), st.st_size, st.st_mtime_ns])
+                if len(found) > MAX_PROJECT_FILES:
+                    raise Miss("the project folder has too many files to fingerprint")
+    return sorted(found)
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+# ---------------------------------------------------------------------------------------------
+# the model: everything but its initializers' values
+
+
+_TENSOR_VALUES = {4, 5, 6, 7, 9, 10, 11}  # TensorProto: float/int32/string/int64/raw/double/uint64 data
+_TENSOR_EXTERNAL = {13, 14}  # external_data, data_location
+_GRAPH, _INITIALIZER = 7, 5  # ModelProto.graph, GraphProto.initializer
+
+
+def _varint(buf: Any, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise Miss("the model is not a well-formed protobuf")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, start of the field's tag, start of its value, its end)."""
+    pos = start
+    while pos < end:
+        tag_start = pos
+        tag, pos = _varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, value_end = _varint(buf, pos)
+        elif wire == 1:
+            value_end = pos + 8
+        elif wire == 5:
+            value_end = pos + 4
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            value_end = pos + length
+        else:
+            raise Miss("the model uses protobuf groups")
+        if value_end > end or number == 0:
+            raise Miss("the model is not a well-formed protobuf")
+        yield number, wire, tag_start, pos, value_end
+        pos = value_end
+
+
+def structure(path: Path) -> str:
+    """A digest of the model file with its initializers' values left out (their lengths kept):
+    equal for two files that differ only in trained weights. Miss for external data."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise Miss("the model is empty")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            buf = memoryview(mapped)
+            try:
+                _digest_message(buf, 0, size, h, 0)
+            finally:
+                buf.release()
+    return h.hexdigest()
+
+
+def _digest_message(buf: Any, start: int, end: int, h: Any, depth: int) -> None:
+    """depth 0: a ModelProto, 1: its GraphProto, 2: an initializer (TensorProto)."""
+    for number, wire, tag_start, value_start, value_end in _fields(buf, start, end):
+        h.update(buf[tag_start:value_start])
+        if depth == 0 and number == _GRAPH and wire == 2:
+            _digest_message(buf, value_start, value_end, h, 1)
+        elif depth == 1 and number == _INITIALIZER and wire == 2:
+            _digest_message(buf, value_start, value_end, h, 2)
+            h.update(b"\x00")
+        elif depth == 2 and number in _TENSOR_EXTERNAL:
+            raise Miss("the model keeps weights in external data")
+        elif depth == 2 and number in _TENSOR_VALUES:
+            h.update((value_end - value_start).to_bytes(8, "little"))
+        else:
+            h.update(buf[value_start:value_end])
+
+
+def _sha256(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine, over its socket
+
+
+class _Connection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def _socket_path() -> str:
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://") or os.environ.get("DOCKER_CONTEXT"):
+        raise Miss("the engine is not on a local unix socket")
+    return host[len("unix://"):]
+
+
+def _call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
+          timeout: float = 600) -> tuple[int, bytes]:
+    conn = _Connection(_socket_path(), timeout)
+    try:
+        conn.request(method, url, body=body, headers=headers or {}, encode_chunked=body is not None)
+        response = conn.getresponse()
+        return response.status, response.read()
+    except OSError as e:
+        raise Miss(f"the engine did not answer ({e})") from None
+    finally:
+        conn.close()
+
+
+def _image_id(ref: str) -> str | None:
+    from urllib.parse import quote
+
+    status, body = _call("GET", f"/images/{quote(ref, safe='')}/json")
+    return json.loads(body).get("Id") if status == 200 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# record and replay
+
+
+def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: str, model_size: int,
+           provider: str, images: dict[str, str], lock: Path, loaded: Loadable) -> None:
+    """After a build: what the next identical command needs to replay it. images: the base and
+    runtime base references -> their ids now. Nothing is written when the build is not one
+    this can replay; a failure to write is not the build's failure."""
+    path = _record_path(argv)
+    try:
+        if any(arg.split("=", 1)[0] in REFUSED for arg in argv) or os.environ.get("GPUX_PACK_REBUILD") == "0":
+            raise Miss("not a command a rebuild replays")
+        model = str(model_path.resolve())
+        layers = []
+        for lay in loaded.layers:
+            members = []
+            for m in lay.members:
+                item: dict[str, Any] = {"name": m.name, "mode": m.mode, "mtime": m.mtime, "uid": m.uid, "gid": m.gid}
+                if m.source is not None:
+                    if str(Path(m.source).resolve()) != model:
+                        raise Miss("a layer copies a file other than the model")
+                    item["model"] = True
+                elif m.data is not None:
+                    item["data"] = base64.b64encode(m.data).decode()
+                members.append(item)
+            layers.append({"name": lay.name, "created_by": lay.created_by, "uname": lay.uname.decode(),
+                           "members": members})  # fmt: skip
+        datas = [base64.b64decode(m["data"]) for lay in layers for m in lay["members"] if "data" in m]
+        if sum(d.count(f'"size_bytes": {model_size}'.encode()) for d in datas) != 1:
+            raise Miss("the model's size is not found once in gpux.json")
+        doc = {
+            "format": FORMAT, "version": __version__, "tag": loaded.tag, "provider": provider,
+            "project": str(project_dir.resolve()), "files": _fingerprint(project_dir.resolve(), {model}),
+            "model": {"path": model, "sha256": model_sha256, "size": model_size, "structure": structure(model_path)},
+            "images": images, "lock": [str(lock), _stat(str(lock))],
+            "config": loaded.config.decode(), "parent_diff_ids": loaded.parent_diff_ids,
+            "own_history": loaded.own_history, "layers": layers,
+        }  # fmt: skip
+        staging.write_text(path, json.dumps(doc))
+    except (Miss, OSError, ValueError):
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def replay(argv: list[str], quiet: bool) -> bool:
+    """Rebuild from the record when only the model's weights changed; False: build it all."""
+    if os.environ.get("GPUX_PACK_REBUILD") == "0":
+        return False
+    started = time.perf_counter()
+    path = _record_path(argv)
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != FORMAT or doc.get("version") != __version__:
+            raise Miss("recorded by another gpux-pack")
+        line = _replay(doc, path, quiet, started)
+    except (Miss, OSError, ValueError, KeyError, TypeError, IndexError, layer_tar.Unsupported):
+        return False
+    print(line)
+    return True
+
+
+def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float) -> str:
+    model = Path(doc["model"]["path"])
+    if _fingerprint(Path(doc["project"]), {str(model)}) != doc["files"]:
+        raise Miss("a project file changed")
+    if _stat(doc["lock"][0]) != doc["lock"][1]:
+        raise Miss("the wheel lock changed")
+    sha, size = _sha256(model)
+    old_sha, old_size = doc["model"]["sha256"], doc["model"]["size"]
+    if sha == old_sha or structure(model) != doc["model"]["structure"]:
+        raise Miss("the model did not change, or not only in its weights")
+    for ref, recorded in doc["images"].items():
+        if _image_id(ref) != recorded:
+            raise Miss(f"{ref} changed")
+    if not quiet:
+        print("only the model's weights changed: rebuilding from the last build "
+              "(GPUX_PACK_REBUILD=0 builds it all)", file=sys.stderr)
+    layers = []
+    for lay in doc["layers"]:
+        members = []
+        for m in lay["members"]:
+            data = None
+            if "data" in m:
+                data = base64.b64decode(m["data"])
+                data = data.replace(old_sha.encode(), sha.encode())
+                data = data.replace(f'"size_bytes": {old_size}'.encode(), f'"size_bytes": {size}'.encode())
+                m["data"] = base64.b64encode(data).decode()
+            members.append(layer_tar.Member(m["name"], m["mode"], m["mtime"], source=model if m.get("model") else None,
+                                            data=data, uid=m["uid"], gid=m["gid"]))  # fmt: skip
+        uname = lay["uname"].encode()
+        layer_tar.check(members)
+        layers.append(LayerTar(lay["name"], members, layer_tar.digest(members, uname), layer_tar.size_of(members),
+                               lay["created_by"], uname))  # fmt: skip
+    config = json.loads(doc["config"].replace(old_sha, sha))
+    created = created_now()
+    config["created"] = created
+    config["config"]["Labels"]["org.opencontainers.image.created"] = created
+    for entry in config["history"][-doc["own_history"]:]:
+        entry["created"] = created
+    config["rootfs"]["diff_ids"] = [*doc["parent_diff_ids"], *(lay.diff_id for lay in layers)]
+    config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    status, body = _call("POST", "/images/load?quiet=1", chunks([Loadable(doc["tag"], config_bytes,
+                         doc["parent_diff_ids"], layers)]), {"Content-Type": "application/x-tar"})  # fmt: skip
+    if status != 200 or b'"error' in body:
+        raise Miss("the engine refused the image")
+    status, body = _call("GET", f"/images/{hashlib.sha256(config_bytes).hexdigest()}/json")
+    if status != 200:
+        raise Miss("the engine did not keep the image")
+    image = json.loads(body)
+    doc["model"].update(sha256=sha, size=size)
+    doc["config"] = config_bytes.decode()
+    staging.write_text(path, json.dumps(doc))
+    seconds = time.perf_counter() - started
+    return built_line(doc["tag"], image["Id"], image.get("Size", 0), doc["provider"], seconds, "assembled, nothing ran")

@@ -1,0 +1,181 @@
+"""deploy and inspect of an image that is only in a registry (Debian's docker-registry on
+127.0.0.1 with htpasswd, test_push's fixture): build --push, remove every local reference,
+then the manifests pin exactly the pushed digest, read through the registry's API with the
+user's Docker config. An index tag pins the index; refusals are one line."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.conftest import BASE_IMAGE, EXAMPLES, free_port, run_cli
+from tests.e2e.conftest import PASSWORD, USER
+
+pytestmark = pytest.mark.e2e
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def login(folder: Path, registry: str, password: str) -> dict[str, str]:  # noqa: F811
+    """A DOCKER_CONFIG as `docker login` writes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    auth = base64.b64encode(f"{USER}:{password}".encode()).decode()
+    (folder / "config.json").write_text(json.dumps({"auths": {registry: {"auth": auth}}}))
+    return {"DOCKER_CONFIG": str(folder)}
+
+
+def one_error_line(proc) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def put_image(registry: str, repo_tag: str, labels: dict[str, str], **auth) -> str:  # noqa: F811
+    """A config blob with these labels and a manifest without layers, written through the API
+    (auth: requests' auth= or headers=); the manifest's digest."""
+    repo, tag = repo_tag.split(":")
+    base = f"http://{registry}/v2/{repo}"
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": labels},
+                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()  # fmt: skip
+    config_digest = f"sha256:{hashlib.sha256(config).hexdigest()}"
+    upload = requests.post(f"{base}/blobs/uploads/", timeout=10, **auth)
+    assert upload.status_code == 202, upload.text
+    location = upload.headers["Location"]
+    location = location if location.startswith("http") else f"http://{registry}{location}"
+    done = requests.put(location, params={"digest": config_digest}, data=config, timeout=10,
+                        **{**auth, "headers": {**auth.get("headers", {}), "Content-Type": "application/octet-stream"}})
+    assert done.status_code == 201, done.text
+    body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
+                       "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest,
+                                  "size": len(config)}}).encode()  # fmt: skip
+    put = requests.put(f"{base}/manifests/{tag}", data=body, timeout=10,
+                       **{**auth, "headers": {**auth.get("headers", {}), "Content-Type": OCI_MANIFEST}})
+    assert put.status_code == 201, put.text
+    return f"sha256:{hashlib.sha256(body).hexdigest()}"
+
+
+@pytest.fixture(scope="module")
+def remote_only(registry, tmp_path_factory, docker_client):  # noqa: F811
+    """examples/mlp built, pushed, and then gone from the engine: (tag, digest, env)."""
+    import docker
+
+    tag = f"{registry}/team/remote-only:1.0.0-cpu"
+    env = login(tmp_path_factory.mktemp("login"), registry, PASSWORD)
+    proc = run_cli("build", str(EXAMPLES / "mlp"), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json",
+                   env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    digest = json.loads(proc.stdout)["images"][0]["digest"]
+    docker_client.images.remove(tag, force=True)
+    try:
+        docker_client.images.remove(digest, force=True)  # the repo digest, when the image still has other names
+    except docker.errors.ImageNotFound:
+        pass
+    for ref in (tag, digest):
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.images.get(ref)
+    return tag, digest, env
+
+
+def test_deploy_from_the_registry_alone_pins_the_pushed_digest(remote_only, tmp_path):
+    tag, digest, env = remote_only
+    for target, path in (("kubernetes", "spec.template.spec"), ("kserve", "spec.predictor"), ("compose", None)):
+        proc = run_cli("deploy", tag, "--target", target, "--output", str(tmp_path / target), env=env)
+        assert proc.returncode == 0, proc.stderr
+        (written,) = (tmp_path / target).iterdir()
+        doc = next(yaml.safe_load_all(written.read_text()))
+        if path is None:
+            images = [doc["services"]["iris-mlp"]["image"]]
+        else:
+            for key in path.split("."):
+                doc = doc[key]
+            images = [c["image"] for c in doc["containers"]]
+        assert images == [digest], (target, images)
+    by_digest = run_cli("deploy", digest, "--target", "kubernetes", env=env)  # repo@sha256:... alone, too
+    assert by_digest.returncode == 0, by_digest.stderr
+    assert next(yaml.safe_load_all(by_digest.stdout))["spec"]["template"]["spec"]["containers"][0]["image"] == digest
+    no_engine = run_cli("deploy", tag, "--target", "compose", env={**env, "DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert no_engine.returncode == 0, no_engine.stderr  # the registry alone: no Docker engine needed
+    assert yaml.safe_load(no_engine.stdout)["services"]["iris-mlp"]["image"] == digest
+
+
+def test_inspect_reads_the_registry_and_run_says_to_pull(remote_only):
+    tag, digest, env = remote_only
+    proc = run_cli("inspect", tag, "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["registry_digest"] == digest and info["id"].startswith("sha256:") and info["size_bytes"] > 0
+    assert info["labels"]["io.gpux.provider"] == "cpu" and info["labels"]["io.gpux.model.name"] == "iris-mlp"
+    run = run_cli("run", tag, env=env)
+    assert run.returncode == 2 and f"pull it first: docker pull {tag}" in one_error_line(run)
+
+
+def test_an_index_tag_pins_the_index_and_its_amd64_member_is_read(remote_only, registry):  # noqa: F811
+    """An index written through the API: an attestation-like entry first, then the pushed
+    image as linux/amd64. deploy pins the index (each node pulls its platform)."""
+    tag, digest, env = remote_only
+    base = f"http://{registry}/v2/team/remote-only"
+    auth = (USER, PASSWORD)
+    manifest = requests.get(f"{base}/manifests/{digest.split('@')[1]}", auth=auth, timeout=10,
+                            headers={"Accept": OCI_MANIFEST + ", application/vnd.docker.distribution.manifest.v2+json"})
+    assert manifest.status_code == 200, manifest.text
+    entry = {"mediaType": manifest.headers["Content-Type"], "digest": digest.split("@")[1],
+             "size": len(manifest.content)}  # fmt: skip
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {**entry, "platform": {"architecture": "unknown", "os": "unknown"}},
+        {**entry, "platform": {"architecture": "amd64", "os": "linux"}}]}  # fmt: skip
+    body = json.dumps(index).encode()
+    put = requests.put(f"{base}/manifests/multi", data=body, auth=auth, timeout=10, headers={"Content-Type": OCI_INDEX})
+    assert put.status_code == 201, put.text
+    pinned = f"{registry}/team/remote-only@sha256:{hashlib.sha256(body).hexdigest()}"
+    proc = run_cli("deploy", f"{registry}/team/remote-only:multi", "--target", "kubernetes", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert next(yaml.safe_load_all(proc.stdout))["spec"]["template"]["spec"]["containers"][0]["image"] == pinned
+
+
+def test_not_ours_unknown_tag_wrong_password_unreachable_are_one_line(remote_only, registry, tmp_path):  # noqa: F811
+    tag, digest, env = remote_only
+    put_image(registry, "team/plain:1", {}, auth=(USER, PASSWORD))  # an image with no gpux labels
+    ours = run_cli("deploy", f"{registry}/team/plain:1", "--target", "kubernetes", env=env)
+    assert ours.returncode == 2 and "not an image built by gpux-pack" in one_error_line(ours)
+    shown = run_cli("inspect", f"{registry}/team/plain:1", "--json", env=env)  # inspect takes any image
+    assert shown.returncode == 0 and json.loads(shown.stdout)["labels"] == {}, shown.stderr
+
+    unknown = run_cli("deploy", f"{registry}/team/remote-only:no-such-tag", "--target", "compose", env=env)
+    assert unknown.returncode == 2, unknown.stderr
+    assert f"no such image in registry {registry}" in one_error_line(unknown) and "MANIFEST_UNKNOWN" in unknown.stderr
+    wrong = run_cli("deploy", tag, "--target", "kserve", env=login(tmp_path / "wrong", registry, "wrong"))
+    assert wrong.returncode == 1 and "authentication failed" in one_error_line(wrong)
+    closed = f"127.0.0.1:{free_port()}"
+    nowhere = run_cli("deploy", f"{closed}/team/remote-only:1", "--target", "compose",
+                      env=login(tmp_path / "closed", closed, PASSWORD))  # fmt: skip
+    assert nowhere.returncode == 1 and f"registry {closed} unreachable" in one_error_line(nowhere)
+    bare = run_cli("deploy", "gpux-test/never-built:1", "--target", "compose", env=env)
+    assert bare.returncode == 2 and "no such image on this Docker engine" in one_error_line(bare)
+
+
+def test_a_bearer_token_registry_is_read_with_a_pull_token(token_registry, tmp_path):  # noqa: F811
+    """Docker Hub's and GHCR's scheme: the token service is asked for pull on the repository only."""
+    registry, issued = token_registry
+    challenge = requests.get(f"http://{registry}/v2/", timeout=10).headers["WWW-Authenticate"]
+    realm = challenge.split('realm="')[1].split('"')[0]
+    token = requests.get(realm, params={"service": "gpux-test-registry", "scope": "repository:team/tokened:pull,push"},
+                         auth=(USER, PASSWORD), timeout=10).json()["token"]  # fmt: skip
+    labels = {"io.gpux.pack.version": "0.1.0", "io.gpux.provider": "cpu", "io.gpux.port": "8080",
+              "io.gpux.model.name": "tokened"}  # fmt: skip
+    digest = put_image(registry, "team/tokened:1", labels, headers={"Authorization": f"Bearer {token}"})
+    issued.clear()
+    proc = run_cli("deploy", f"{registry}/team/tokened:1", "--target", "compose",
+                   env=login(tmp_path / "ok", registry, PASSWORD))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["services"]["tokened"]["image"] == f"{registry}/team/tokened@{digest}"
+    assert issued and all(a == [{"type": "repository", "name": "team/tokened", "actions": ["pull"]}] for a in issued)
+    wrong = run_cli("inspect", f"{registry}/team/tokened:1", env=login(tmp_path / "bad", registry, "wrong"))
+    assert wrong.returncode == 1 and "authentication failed" in one_error_line(wrong)
