@@ -75,7 +75,7 @@ def test_arm64_image_is_arm64_and_ran_nothing(arm64_image, docker_client, arm64_
     image = docker_client.images.get(arm64_image["tag"])
     runtime = docker_client.images.get(arm64_image["runtime_base"])
     assert image.attrs["Architecture"] == "arm64" and runtime.attrs["Architecture"] == "arm64"
-    assert image.attrs["Config"]["Entrypoint"] == ["python3", "-m", "gpux_runtime"]
+    assert image.attrs["Config"]["Entrypoint"] == ["/usr/bin/python3", "-m", "gpux_runtime"]
     # every step above the base image ran nothing: assembled on the host (or, with the builder,
     # #(nop) instructions only); no RUN
     base_steps = len(docker_client.images.get(arm64_base).history())

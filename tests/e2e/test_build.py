@@ -40,7 +40,7 @@ def test_model_change_rebuilds_only_the_model_layers(tmp_path, docker_client, ta
     runtime = docker_client.images.get(first["runtime_base"])
     request.addfinalizer(lambda: docker_client.images.remove(first["runtime_base"], force=True))
     assert layers(docker_client, first["tag"])[:-2] == runtime.attrs["RootFS"]["Layers"]
-    assert runtime.attrs["Config"]["Entrypoint"] == ["python3", "-m", "gpux_runtime"]
+    assert runtime.attrs["Config"]["Entrypoint"] == ["/usr/bin/python3", "-m", "gpux_runtime"]
     again = build_image(project, tags("layers:b"), "--base-image", base, env=SAME_TIME)
     # unchanged project: the very same image, assembled on the host (nothing ran); only the
     # model's layers were sent
@@ -97,7 +97,7 @@ def test_render_then_plain_build_gives_the_same_image(tmp_path, docker_client, t
 def test_image_is_slim_non_root_and_read_only(mlp_image, docker_client):
     image = docker_client.images.get(mlp_image["tag"])
     assert image.attrs["Config"]["User"] == "10001:10001"
-    assert image.attrs["Config"]["Entrypoint"] == ["python3", "-m", "gpux_runtime"]
+    assert image.attrs["Config"]["Entrypoint"] == ["/usr/bin/python3", "-m", "gpux_runtime"]
     probe = (
         "import importlib.util as u, json, os, shutil; "
         "print(json.dumps({'uid': os.getuid(), "
@@ -187,7 +187,7 @@ def test_baked_warmup_commits_a_serving_image(tmp_path, docker_client, tags, mlp
     assert image.labels["io.gpux.warmup"] == "baked"
     config = image.attrs["Config"]
     assert config["Cmd"] == ["serve"] and config["User"] == "10001:10001"
-    assert config["Entrypoint"] == ["python3", "-m", "gpux_runtime"]
+    assert config["Entrypoint"] == ["/usr/bin/python3", "-m", "gpux_runtime"]
     assert "GPUX_CACHE_DIR=/opt/gpux/cache" in config["Env"]
     with serve(baked["tag"], read_only=True, tmpfs={"/tmp": "rw"}) as server:
         assert server.get("/info").json()["warmup"]["mode"] == "baked"
