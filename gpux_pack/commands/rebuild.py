@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 from gpux_pack import __version__, staging
 from gpux_pack.image import layer_tar
-from gpux_pack.image.archive import LayerTar, Loadable, chunks
+from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
@@ -323,17 +323,17 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float) -> str
     for entry in config["history"][-doc["own_history"]:]:
         entry["created"] = created
     config["rootfs"]["diff_ids"] = [*doc["parent_diff_ids"], *(lay.diff_id for lay in layers)]
-    config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
-    status, body = _call("POST", "/images/load?quiet=1", chunks([Loadable(doc["tag"], config_bytes,
+    loaded_config = config_bytes(config)
+    status, body = _call("POST", "/images/load?quiet=1", chunks([Loadable(doc["tag"], loaded_config,
                          doc["parent_diff_ids"], layers)]), {"Content-Type": "application/x-tar"})  # fmt: skip
     if status != 200 or b'"error' in body:
         raise Miss("the engine refused the image")
-    status, body = _call("GET", f"/images/{hashlib.sha256(config_bytes).hexdigest()}/json")
+    status, body = _call("GET", f"/images/{hashlib.sha256(loaded_config).hexdigest()}/json")
     if status != 200:
         raise Miss("the engine did not keep the image")
     image = json.loads(body)
     doc["model"].update(sha256=sha, size=size)
-    doc["config"] = config_bytes.decode()
+    doc["config"] = loaded_config.decode()
     staging.write_text(path, json.dumps(doc))
     seconds = time.perf_counter() - started
     return built_line(doc["tag"], image["Id"], image.get("Size", 0), doc["provider"], seconds, "assembled, nothing ran")

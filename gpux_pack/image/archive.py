@@ -38,6 +38,12 @@ class Loadable:
     own_history: int = 0  # how many of the config's history entries are this image's (the last ones)
 
 
+def config_bytes(doc: dict) -> bytes:
+    """An image config as the archive holds it (its sha256 is the image id): one spelling, so a
+    replayed image and a built one with the same content have the same id."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
 def chunks(images: list[Loadable]) -> Iterator[bytes]:
     manifest = []
     for image in images:

@@ -26,7 +26,7 @@ from typing import Any
 from gpux_pack import staging
 from gpux_pack.errors import DockerError
 from gpux_pack.image import layer_tar
-from gpux_pack.image.archive import LayerTar, Loadable, chunks
+from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.image.context import MTIME, Context, Entry, temporary_tar
 from gpux_pack.image.layout import Layer
 from gpux_pack.plan import DEFAULT_PATH, UID, ImageConfig
@@ -70,7 +70,7 @@ class Image:
         }  # fmt: skip
         if self.parent.get("Variant"):
             doc["variant"] = self.parent["Variant"]
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return config_bytes(doc)
 
 
 ASSEMBLED = "gpux-pack (assembled, nothing ran): "  # how an assembled image's history lines begin
