@@ -57,7 +57,7 @@ class ImageConfig:
     env: tuple[tuple[str, str], ...]
     python: str  # the base image's python3, absolute (see interpreter)
     user: str = USER
-    workdir: str = "/tmp"
+    workdir: str = ""  # "": the base's, which is / (no WORKDIR: BuildKit commits a layer for one)
     cmd: tuple[str, ...] = ("serve",)
     health_interval: int = 10  # seconds
     health_timeout: int = 5
@@ -94,7 +94,8 @@ def image_config(provider: Provider, base: BaseImage) -> ImageConfig:
         *provider.env,
         ("GPUX_CACHE_DIR", CACHE_DIR),
     )
-    return ImageConfig(env=env, python=interpreter(base))
+    # the runtime needs no working folder; / where the base sets one the image's user may not enter
+    return ImageConfig(env=env, python=interpreter(base), workdir="" if base.workdir in ("", "/") else "/")
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ class BaseImage:
     rootfs: str = ""  # its exported root filesystem on the host (what the link check reads)
     ld_library_path: tuple[str, ...] = ()  # its LD_LIBRARY_PATH, from the image config
     interpreter: str = ""  # its python3's absolute path, found by the probe ("": not probed, or none)
+    workdir: str = ""  # its config's WorkingDir, once inspected ("": none, so /)
 
     def apt_packages(self) -> tuple[str, ...]:
         """apt packages the image needs on this base: python3 where the base lacks it."""

@@ -13,7 +13,6 @@ classic builder builds the same Dockerfile.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from gpux_pack import staging
 from gpux_pack.errors import DockerError
 from gpux_pack.image import layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
-from gpux_pack.image.context import MTIME, Context, Entry, temporary_tar
+from gpux_pack.image.context import MTIME, Context, Entry, layer, temporary_tar
 from gpux_pack.image.layout import Layer
 from gpux_pack.plan import DEFAULT_PATH, UID, ImageConfig
 from gpux_pack.staging import cache_dir
@@ -113,15 +112,9 @@ def _iso(value: Any) -> str:
 
 
 def layer_of(ctx: Context, layer: Layer, uname: bytes) -> LayerTar:
-    """A layout layer as the context holds it (its folder, or its tar's members), placed from /."""
-    if layer.tar:
-        entry = next(e for e in ctx.entries if e.name == layer.source)
-        return of_members(layer, layer_tar.read_members(entry.data or b""), uname)
-    prefix = layer.name + "/"
-    members = [layer_tar.Member(d[len(prefix):], 0o755, MTIME) for d in ctx.dirs() if d.startswith(prefix)]
-    members += [layer_tar.Member(e.name[len(prefix):], e.mode, MTIME, source=e.source, data=e.data)
-                for e in ctx.entries if e.name.startswith(prefix)]  # fmt: skip
-    return of_members(layer, members, uname)
+    """A layout layer from the members of the context's tar for it."""
+    entry = next(e for e in ctx.entries if e.name == layer.source)
+    return of_members(layer, list(entry.members or ()), uname)
 
 
 def of_members(layer: Layer, members: list[layer_tar.Member], uname: bytes) -> LayerTar:
@@ -150,7 +143,8 @@ def derive_config(parent: dict[str, Any], labels: dict[str, str], image: ImageCo
             env[at:at + 1] = [f"{key}={value}"]
         config["Env"] = env
         config["User"] = image.user
-        config["WorkingDir"] = image.workdir
+        if image.workdir:
+            config["WorkingDir"] = image.workdir
         config["Healthcheck"] = {
             "Test": ["CMD", *image.healthcheck], "Interval": image.health_interval * NS,
             "Timeout": image.health_timeout * NS, "StartPeriod": image.health_start * NS,
@@ -203,7 +197,7 @@ def load(client: Any, images: list[Loadable]) -> str:
 # ---------------------------------------------------------------------------------------------
 # does this engine write layer tars as `layers` does?
 
-_PROBE_DOCKERFILE = b"FROM scratch\nCOPY probe/ /\nADD owned.tar /\n"
+_PROBE_DOCKERFILE = b"FROM scratch\nADD probe.tar /\nADD owned.tar /\n"
 _PROBE_OWNED = [layer_tar.Member("opt", 0o755, MTIME), layer_tar.Member("opt/gpux", 0o755, MTIME),
                 layer_tar.Member("opt/gpux/cache", 0o755, MTIME, uid=UID, gid=UID)]  # fmt: skip
 _PROBE = Layer("probe", "/")
@@ -212,21 +206,13 @@ _PROBE = Layer("probe", "/")
 def probe_context() -> Context:
     """Folders, an executable, a name long enough for the prefix split, names that sort
     differently by path and by component ("a-b" and "a/b")."""
-    long_name = "probe/opt/gpux/" + "d" * 60 + "/" + "f" * 90 + ".py"
-    return Context(tuple(sorted([
-        Entry("Dockerfile", data=_PROBE_DOCKERFILE),
-        Entry("probe/opt/gpux/a.so", data=b"\x7fELF" + b"x" * 700, mode=0o755),
-        Entry("probe/opt/gpux/a/b.py", data=b""),
-        Entry("probe/opt/gpux/a-b.py", data=b"x = 1\n"),
-        Entry("owned.tar", data=_owned_tar()),
-        Entry(long_name, data=b"print('gpux')\n"),
-    ], key=lambda e: e.name)))  # fmt: skip
-
-
-def _owned_tar() -> bytes:
-    out = io.BytesIO()
-    layer_tar.write(out, _PROBE_OWNED, b"")
-    return out.getvalue()
+    long_name = "opt/gpux/" + "d" * 60 + "/" + "f" * 90 + ".py"
+    probe = [layer_tar.Member("opt/gpux/a.so", 0o755, MTIME, data=b"\x7fELF" + b"x" * 700),
+             layer_tar.Member("opt/gpux/a/b.py", 0o644, MTIME, data=b""),
+             layer_tar.Member("opt/gpux/a-b.py", 0o644, MTIME, data=b"x = 1\n"),
+             layer_tar.Member(long_name, 0o644, MTIME, data=b"print('gpux')\n")]  # fmt: skip
+    return Context((Entry("Dockerfile", data=_PROBE_DOCKERFILE), Entry("owned.tar", members=tuple(_PROBE_OWNED)),
+                    layer(_PROBE, probe)))  # fmt: skip
 
 
 def engine_uname(client: Any) -> bytes | None:
@@ -242,7 +228,9 @@ def engine_uname(client: Any) -> bytes | None:
         key = re.sub(r"[^A-Za-z0-9._-]", "_", f"{info.get('Version')}-{info.get('GitCommit')}")
     except Exception:
         return None
-    cached = cache_dir() / "engines" / f"{key}-2.json"  # -2: the probe has an owned folder too
+    if any("podman" in str(c.get("Name", "")).lower() for c in info.get("Components") or []):
+        return None  # podman's `docker load` needs every layer in the archive, its parent's too: it builds
+    cached = cache_dir() / "engines" / f"{key}-3.json"  # -3: the probe ADDs tars, as the layers do
     found = _recorded(cached)
     if found is not _UNKNOWN:
         return found

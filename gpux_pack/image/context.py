@@ -1,14 +1,15 @@
-"""The build context: Dockerfile, installed packages, runtime, model and gpux.json.
+"""The build context: Dockerfile, and one tar per layer (installed packages, runtime, cache,
+model, gpux.json).
 
-One folder per layer, each a tree placed from / (`COPY packages/ /`), so every folder a layer
-holds comes from the context with fixed metadata: deterministic entries (sorted, fixed mtimes,
-root owner, normalised modes) give the same layer diff ids on every build, whether sent by
-`build` or written by `render --output` for a plain `docker build`.
+Each layer is a tar of fixed metadata (sorted, fixed mtimes, root owner, normalised modes),
+ADDed at /, so every builder commits the same layer diff ids on every build, whether the
+context is sent by `build` or written by `render --output` for a plain `docker build`,
+BuildKit, `podman build` or `buildah bud`. The tars are written from their members when the
+context is sent or written, never held in memory.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -17,11 +18,11 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 from gpux_pack.errors import PackError, UsageError
 from gpux_pack.image import layer_tar
-from gpux_pack.image.layout import LAYERS
+from gpux_pack.image.layout import LAYERS, Layer
 from gpux_pack.plan import UID, Plan
 from gpux_pack.sources import runtime_files
 from gpux_pack.wheels import Installed, bytecode
@@ -35,11 +36,25 @@ class Entry:
     name: str  # path inside the context, with /
     source: Path | None = None
     data: bytes | None = None
-    mode: int = 0o644  # 0o755 for executables (shared libraries keep it, as pip installs them)
+    mode: int = 0o644
+    members: tuple[layer_tar.Member, ...] | None = None  # a layer's tar, written from these
 
     @property
     def size(self) -> int:
+        if self.members is not None:
+            return layer_tar.size_of(list(self.members))
         return len(self.data) if self.data is not None else self.source.stat().st_size  # type: ignore[union-attr]
+
+    def chunks(self) -> Iterator[bytes]:
+        """Its bytes, in pieces of at most about a MiB."""
+        if self.members is not None:
+            yield from layer_tar.chunks(list(self.members), b"")  # owner names: builders go by the ids
+        elif self.data is not None:
+            yield self.data
+        else:
+            with open(self.source, "rb") as f:  # type: ignore[arg-type]
+                while piece := f.read(layer_tar.CHUNK):
+                    yield piece
 
 
 @dataclass(frozen=True)
@@ -63,13 +78,26 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> C
     entries = [
         Entry("Dockerfile", data=dockerfile.encode()),
         Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
-        Entry(LAYERS["config"].root, data=_strict_json(plan.gpux_json)),
+        layer(LAYERS["config"], [_file(LAYERS["config"].lands, data=_strict_json(plan.gpux_json))]),
     ]
     if installed is not None:
         entries += _runtime_base_entries(installed)
-    folder = plan.model.path.parent
-    entries += [Entry(f"{LAYERS['model'].root}/{name}", source=folder / name) for name in plan.model.files]
+    folder, model = plan.model.path.parent, LAYERS["model"].lands
+    entries.append(layer(LAYERS["model"], [_file(f"{model}/{name}", source=folder / name) for name in plan.model.files]))
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
+
+
+def layer(of: Layer, files: list[layer_tar.Member]) -> Entry:
+    """A layer as a context entry: these members and every folder above them
+    (root's, 0o755), in the order the engine writes them."""
+    have = {m.name for m in files}
+    folders = {"/".join(parts[:i]) for m in files for parts in [m.name.split("/")] for i in range(1, len(parts))}
+    members = [layer_tar.Member(d, 0o755, MTIME) for d in sorted(folders - have)] + files
+    return Entry(of.source, members=tuple(layer_tar.walk_order(members)))
+
+
+def _file(path: str, source: Path | None = None, data: bytes | None = None, mode: int = 0o644) -> layer_tar.Member:
+    return layer_tar.Member(path.strip("/"), mode, MTIME, source=source, data=data)
 
 
 def _strict_json(value: dict) -> bytes:
@@ -89,33 +117,26 @@ def runtime_base_context(installed: Installed, dockerfile: str) -> Context:
 
 
 def _runtime_base_entries(installed: Installed) -> list[Entry]:
-    packages, runtime = LAYERS["packages"].root, LAYERS["runtime"].root
-    entries = []
-    for path in sorted(installed.path.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
-            entries.append(Entry(f"{packages}/{path.relative_to(installed.path).as_posix()}", source=path, mode=mode))
-    entries += [Entry(f"{runtime}/{src.name}", source=src) for src in runtime_files()]
+    """The packages (executables keep 0o755: shared libraries, as pip installs them), the
+    runtime (and its bytecode) and the cache folder."""
+    site, runtime = LAYERS["packages"].lands, LAYERS["runtime"].lands
+    packages = [_file(f"{site}/{path.relative_to(installed.path).as_posix()}", source=path,
+                      mode=0o755 if path.stat().st_mode & 0o111 else 0o644)
+                for path in sorted(installed.path.rglob("*")) if path.is_file() and not path.is_symlink()]  # fmt: skip
+    code = [_file(f"{runtime}/{src.name}", source=src) for src in runtime_files()]
     if installed.compiled:
-        entries += [Entry(f"{runtime}/{name}", data=data)
-                    for name, data in bytecode(runtime_files(), LAYERS["runtime"].lands)]  # fmt: skip
-    entries.append(Entry(LAYERS["cache"].source, data=cache_tar()))
-    return entries
+        code += [_file(f"{runtime}/{name}", data=data) for name, data in bytecode(runtime_files(), runtime)]
+    cache = LAYERS["cache"]
+    return [layer(LAYERS["packages"], packages), layer(LAYERS["runtime"], code),
+            Entry(cache.source, members=tuple(cache_members()))]  # fmt: skip
 
 
 def cache_members(uid: int = UID) -> list[layer_tar.Member]:
-    """/opt/gpux/cache owned by the image's user, its parents as the COPY layers make them:
-    COPY cannot own a folder without also owning its parents, ADD of a tar can."""
+    """/opt/gpux/cache owned by the image's user, its parents root's as in the other layers."""
     cache = LAYERS["cache"].lands.strip("/")
     parts = cache.split("/")
     members = [layer_tar.Member("/".join(parts[: i + 1]), 0o755, MTIME) for i in range(len(parts) - 1)]
     return [*members, layer_tar.Member(cache, 0o755, MTIME, uid=uid, gid=uid)]
-
-
-def cache_tar() -> bytes:
-    out = io.BytesIO()
-    layer_tar.write(out, cache_members(), b"")
-    return out.getvalue()
 
 
 def temporary_tar(ctx: Context) -> IO[bytes]:
@@ -161,18 +182,22 @@ class Stream:
 
 
 def _write_tar(ctx: Context, out: IO[bytes]) -> None:
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
-        for name in ctx.dirs():
-            info = _info(name, tarfile.DIRTYPE, 0o755)
-            archive.addfile(info)
-        for entry in ctx.entries:
-            info = _info(entry.name, tarfile.REGTYPE, entry.mode)
-            info.size = entry.size
-            if entry.data is not None:
-                archive.addfile(info, io.BytesIO(entry.data))
-            else:
-                with open(entry.source, "rb") as f:  # type: ignore[arg-type]
-                    archive.addfile(info, f)
+    """The context as the engine reads it: its folders, then its entries (each written whole,
+    or the build fails naming the file that changed meanwhile)."""
+    for name in ctx.dirs():
+        out.write(_info(name, tarfile.DIRTYPE, 0o755).tobuf(tarfile.PAX_FORMAT))
+    for entry in ctx.entries:
+        info = _info(entry.name, tarfile.REGTYPE, entry.mode)
+        info.size = entry.size
+        out.write(info.tobuf(tarfile.PAX_FORMAT))
+        written = 0
+        for piece in entry.chunks():
+            out.write(piece)
+            written += len(piece)
+        if written != info.size:
+            raise PackError(f"{entry.source or entry.name}: changed while the build context was written")
+        out.write(b"\0" * (-written % tarfile.BLOCKSIZE))
+    out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
 
 
 def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
@@ -194,10 +219,9 @@ def write(ctx: Context, out: Path) -> None:
         (out / name).mkdir(exist_ok=True)
     for entry in ctx.entries:
         target = out / entry.name
-        if entry.data is not None:
-            target.write_bytes(entry.data)
-        else:
-            shutil.copyfile(entry.source, target)  # type: ignore[arg-type]
+        with open(target, "wb") as f:
+            for piece in entry.chunks():
+                f.write(piece)
         os.chmod(target, entry.mode)
         os.utime(target, (MTIME, MTIME))
     for name in [*reversed(ctx.dirs()), ""]:

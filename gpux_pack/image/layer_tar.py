@@ -15,13 +15,11 @@ the engine's builder.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import stat
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import Iterable, Iterator
 
 BLOCK = 512
 MTIME = 315532800  # every file's time in the context and its layers: 1980-01-01, valid in every archive format
@@ -145,11 +143,6 @@ def check(members: list[Member]) -> None:
         _octal(m.size, 12)
 
 
-def write(out: IO[bytes], members: list[Member], uname: bytes) -> None:
-    for piece in chunks(members, uname):
-        out.write(piece)
-
-
 def tree(root: Path, image_path: str, mtime: int) -> list[Member]:
     """Members for a host folder placed at image_path: every parent folder, then the tree,
     modes normalised as the build context normalises them (0o755 for executables)."""
@@ -169,14 +162,3 @@ def tree(root: Path, image_path: str, mtime: int) -> list[Member]:
                 raise Unsupported(f"{path} is not a regular file")
             members.append(Member(f"{base}/{f}", 0o755 if st.st_mode & 0o111 else 0o644, mtime, source=path))
     return walk_order(members)
-
-
-def read_members(data: bytes) -> list[Member]:
-    """The members of a small tar written by `write` (a context's cache.tar), read back."""
-    out = []
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        for info in archive:
-            content = None if info.isdir() else (archive.extractfile(info) or io.BytesIO()).read()
-            out.append(Member(info.name.rstrip("/"), info.mode & 0o7777, int(info.mtime), data=content,
-                              uid=info.uid, gid=info.gid))  # fmt: skip
-    return out

@@ -2,9 +2,11 @@
 their instructions, the context lays out their folders, the assembler writes them as tars
 and names them in the history, and warmup's derived image adds the last one.
 
-Each layer is one tree placed from / (the context's `packages/opt/...` lands at `/opt/...`),
-or one tar ADDed at / where a folder must belong to the image's user (COPY cannot own a
-folder without also owning its parents)."""
+Each layer is one tar in the context, ADDed at / (`packages.tar` holds `opt/gpux/site/...`),
+never a folder COPYed: every builder unpacks a tar with the times and owners its headers give,
+so BuildKit, podman, buildah and the classic builder all commit the layer gpux-pack writes
+(BuildKit stamps the folders a COPY makes with the time of its own copy), and a folder can
+belong to the image's user without its parents doing so (the cache)."""
 
 from __future__ import annotations
 
@@ -15,23 +17,17 @@ from gpux_pack.plan import APP_DIR, BAKED_DIR, CACHE_DIR, SITE
 
 @dataclass(frozen=True)
 class Layer:
-    name: str  # the context's folder for it ("packages"), or its tar ("cache" -> cache.tar)
+    name: str  # "packages": its tar in the context is packages.tar
     lands: str  # where its tree lands in the image
-    tar: bool = False  # ADD of a tar (owned folders) instead of COPY of a folder
 
     @property
     def source(self) -> str:
-        return f"{self.name}.tar" if self.tar else f"{self.name}/"
+        return f"{self.name}.tar"
 
     @property
     def instruction(self) -> str:
         """Its Dockerfile line, which is also its history line."""
-        return f"{'ADD' if self.tar else 'COPY'} {self.source} /"
-
-    @property
-    def root(self) -> str:
-        """Its folder in the context: the tree below it lands at / (packages/opt/... -> /opt/...)."""
-        return f"{self.name}{self.lands}"
+        return f"ADD {self.source} /"
 
 
 LAYERS: dict[str, Layer] = {
@@ -39,10 +35,10 @@ LAYERS: dict[str, Layer] = {
     for layer in (
         Layer("packages", SITE),  # the locked wheels, installed on the host
         Layer("runtime", f"{APP_DIR}/runtime/gpux_runtime"),  # the image's runtime (gpux_pack/runtime)
-        Layer("cache", CACHE_DIR, tar=True),  # GPUX_CACHE_DIR, empty, owned by the image's user
+        Layer("cache", CACHE_DIR),  # GPUX_CACHE_DIR, empty, owned by the image's user
         Layer("model", f"{APP_DIR}/model"),  # the model and its external data
         Layer("config", f"{APP_DIR}/gpux.json"),  # gpux.json
-        Layer("warm", BAKED_DIR, tar=True),  # a baked warmup cache (gpux-pack warmup)
+        Layer("warm", BAKED_DIR),  # a baked warmup cache (gpux-pack warmup)
     )
 }
 RUNTIME_BASE = ("packages", "runtime", "cache")  # a runtime base image's layers, in order

@@ -8,7 +8,6 @@ once when builds run side by side, are wrappers around the same two methods.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 from dataclasses import dataclass, replace
@@ -55,7 +54,7 @@ def runtime_base_job(runtime_base: RuntimeBase, context: Context) -> Job:
     history = (
         ("ENV " + " ".join(f"{k}={v}" for k, v in config.env), True),
         *((LAYERS[name].instruction, False) for name in RUNTIME_BASE),
-        (f"USER {config.user}", True), (f"WORKDIR {config.workdir}", True),
+        (f"USER {config.user}", True), *(((f"WORKDIR {config.workdir}", True),) if config.workdir else ()),
         (f"HEALTHCHECK CMD {json.dumps(list(config.healthcheck))}", True),
         (f"ENTRYPOINT {json.dumps(list(config.entrypoint))}", True), (f"CMD {json.dumps(list(config.cmd))}", True),
         ("LABEL (the runtime base image's labels)", True),
@@ -142,11 +141,9 @@ class Builder:
 
     def derive(self, parent: str, tag: str, members: list[layer_tar.Member], labels: dict[str, str],
                note: str) -> BuiltImage:
-        data = io.BytesIO()
-        layer_tar.write(data, members, b"")
         context = Context(tuple(sorted([
             Entry("Dockerfile", data=warm_dockerfile(parent, labels).encode()),
-            Entry(LAYERS["warm"].source, data=data.getvalue()),
+            Entry(LAYERS["warm"].source, members=tuple(layer_tar.walk_order(members))),
         ], key=lambda e: e.name)))  # fmt: skip
         return builder.build(self.client, context, tag, self.ui, False, None,
                              title=f"building {tag} (+1 layer: the warmup cache)")

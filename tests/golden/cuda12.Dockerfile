@@ -4,7 +4,8 @@
 
 # The locked wheels were installed on the host for this image's Python and platform,
 # and the link check read this base image's files there: nothing runs in this build.
-# Each COPY is one layer of files placed from / (packages/opt/gpux/... -> /opt/gpux/...):
+# Each ADD unpacks one layer's tar at / (packages.tar holds opt/gpux/...), with the times and
+# owners its headers give, so every builder commits the same layer:
 # base -> installed packages -> runtime -> model -> gpux.json.
 FROM python:3.11-slim
 ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
@@ -15,19 +16,18 @@ ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     GPUX_CACHE_DIR=/opt/gpux/cache
-COPY packages/ /
-COPY runtime/ /
+ADD packages.tar /
+ADD runtime.tar /
 # GPUX_CACHE_DIR, an empty folder owned by the image's user: a volume mounted there is writable.
 ADD cache.tar /
 USER 10001:10001
-WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
   CMD ["/usr/local/bin/python3", "-m", "gpux_runtime", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 EXPOSE 8080
-COPY model/ /
-COPY config/ /
+ADD model.tar /
+ADD config.tar /
 LABEL org.opencontainers.image.title="iris-mlp" \
       org.opencontainers.image.version="1.0.0" \
       org.opencontainers.image.created="2026-01-01T00:00:00Z" \

@@ -4,7 +4,8 @@
 
 # The locked wheels were installed on the host for this image's Python and platform; only the
 # apt step this base image needs and the link check after it run in this build.
-# Each COPY is one layer of files placed from / (packages/opt/gpux/... -> /opt/gpux/...):
+# Each ADD unpacks one layer's tar at / (packages.tar holds opt/gpux/...), with the times and
+# owners its headers give, so every builder commits the same layer:
 # base -> installed packages -> runtime -> model -> gpux.json.
 FROM rocm/dev-ubuntu-24.04:7.2
 # The base image lacks these; its release pins their versions.
@@ -18,22 +19,21 @@ ENV PYTHONPATH=/opt/gpux/site-packages:/opt/gpux/runtime \
     HOME=/tmp \
     GPUX_CONFIG=/opt/gpux/gpux.json \
     GPUX_CACHE_DIR=/opt/gpux/cache
-COPY packages/ /
-COPY runtime/ /
+ADD packages.tar /
+ADD runtime.tar /
 # GPUX_CACHE_DIR, an empty folder owned by the image's user: a volume mounted there is writable.
 ADD cache.tar /
 # The link check, here because the host cannot see what apt installs: the provider's libraries
 # must resolve, or the build fails naming the missing one (not a silent CPU fallback).
 RUN python3 /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider MIGraphXExecutionProvider --lib libonnxruntime_providers_migraphx.so --hint 'use a ROCm 7.2 base image with the migraphx package'
 USER 10001:10001
-WORKDIR /tmp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
   CMD ["/usr/bin/python3", "-m", "gpux_runtime", "healthcheck"]
 ENTRYPOINT ["/usr/bin/python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 EXPOSE 8080
-COPY model/ /
-COPY config/ /
+ADD model.tar /
+ADD config.tar /
 LABEL org.opencontainers.image.title="iris-mlp" \
       org.opencontainers.image.version="1.0.0" \
       org.opencontainers.image.created="2026-01-01T00:00:00Z" \

@@ -87,7 +87,7 @@ class Rendered:
     user_labels: dict[str, str]  # pack.labels as loaded
     pack_base_image: bool  # pack.base_image is set: render again without --base-image
     model_path: Path  # the model file the context packages
-    context_files: tuple[str, ...]  # every file of the build context (no wheels: none fetched)
+    context_files: tuple[str, ...]  # every file of the build context, a layer tar's as model.tar/opt/...
 
 
 @functools.lru_cache(maxsize=1)
@@ -132,7 +132,9 @@ def render_project(project: Path, override_base: bool = True) -> Rendered:
     if cfg.description:
         expected["org.opencontainers.image.description"] = cfg.description
     return Rendered(text, plan.base.image, cfg.serving.port, expected, dict(cfg.pack.labels), bool(cfg.pack.base_image),
-                    Path(plan.model.path), tuple(e.name for e in context.entries))
+                    Path(plan.model.path),
+                    tuple(e.name if e.members is None else f"{e.name}/{m.name}" for e in context.entries
+                          for m in (e.members or (None,)) if m is None or not m.is_dir))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1306,7 +1308,7 @@ def context_problems(r: Rendered) -> list[Problem]:
     """The build context carries the model and every external data file it names."""
     from gpux_pack.image.layout import LAYERS
 
-    MODEL = LAYERS["model"].root
+    MODEL = LAYERS["model"].source + LAYERS["model"].lands
     names = set(r.context_files)
     problems = []
     if f"{MODEL}/{r.model_path.name}" not in names:
@@ -1314,7 +1316,7 @@ def context_problems(r: Rendered) -> list[Problem]:
     for location in sorted(external_locations(r.model_path)):
         if f"{MODEL}/{location}" not in names and f"{MODEL}/{os.path.normpath(location)}" not in names:
             problems.append(Problem("context", "an external data file is not in the build context",
-                                    f"{location!r}; context has {sorted(n for n in names if n.startswith('model/'))}"))
+                                    f"{location!r}; context has {sorted(n for n in names if n.startswith(MODEL))}"))
     return problems
 
 

@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -32,4 +33,5 @@ def test_wheel_install_renders(tmp_path):
                            "--provider", "cpu", "--output", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "\n# iris-mlp 1.0.0 for the cpu execution provider" in (out / "Dockerfile").read_text()
-    assert (out / "runtime" / "opt" / "gpux" / "runtime" / "gpux_runtime" / "server.py").is_file()
+    with tarfile.open(out / "runtime.tar") as runtime:
+        assert "opt/gpux/runtime/gpux_runtime/server.py" in runtime.getnames()

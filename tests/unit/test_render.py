@@ -15,6 +15,7 @@ from gpux_pack import providers
 from gpux_pack.commands import build
 from gpux_pack.image import context
 from gpux_pack.image import dockerfile as render
+from gpux_pack.image.layout import LAYERS
 from gpux_pack.plan import Options, plan_runtime_base, with_lock
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Installed, Lock, Pin, Target
@@ -83,19 +84,18 @@ def test_model_images_match_golden_files_and_pass_hadolint(variant, tmp_path, mo
     check_golden(f"{variant}.Dockerfile", text)
     assert text.count("\nFROM ") == 1 and f"\nFROM {plan.base.image}\n" in text  # one stage
     copies = [line for line in text.splitlines() if line.startswith(("COPY ", "ADD "))]
-    assert copies == ["COPY packages/ /", "COPY runtime/ /", "ADD cache.tar /", "COPY model/ /", "COPY config/ /"]
+    assert copies == ["ADD packages.tar /", "ADD runtime.tar /", "ADD cache.tar /", "ADD model.tar /", "ADD config.tar /"]
     runs = [line for line in text.splitlines() if line.startswith("RUN ")]
     if plan.base.apt_packages():  # apt where the base lacks python3 (vendor CUDA) or a system library
         assert runs[0].startswith("RUN apt-get update") and ("linkcheck.py" in text) == (plan.link_check == "image")
         assert (plan.link_check == "image") == bool(plan.base.system_packages)
     else:  # builds that run nothing: the link check ran on the host
         assert runs == [] and plan.link_check in ("host", "off")
-    # ADD only of the context's own tar (the one way to give a folder an owner reproducibly)
-    allowed = {"FROM", "ENV", "COPY", "ADD", "USER", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD", "LABEL",
-               "RUN"}  # fmt: skip
+    # layers only as the context's own tars (every builder commits the same bytes); no WORKDIR
+    # (BuildKit commits a layer for one) on a base that sets none
+    allowed = {"FROM", "ENV", "ADD", "USER", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD", "LABEL", "RUN"}
     instructions = {line.split()[0] for line in text.splitlines() if line and line[0].isupper()}
     assert instructions <= allowed, instructions
-    assert [line for line in text.splitlines() if line.startswith("ADD ")] == ["ADD cache.tar /"]
 
 
 def test_cpu_openvino_and_tensorrt_run_nothing():
@@ -116,7 +116,7 @@ def test_runtime_base_dockerfiles_are_current(provider):
     if UPDATE:
         path.write_text(text)
     assert path.is_file() and path.read_text() == text, f"{path.name} is stale: GPUX_UPDATE_GOLDEN=1"
-    assert "COPY model/" not in text and "EXPOSE" not in text and "COPY packages/ /" in text
+    assert "model.tar" not in text and "EXPOSE" not in text and "ADD packages.tar /" in text
 
 
 def test_model_on_runtime_base_sends_only_the_model():
@@ -125,8 +125,8 @@ def test_model_on_runtime_base_sends_only_the_model():
     assert_clean(text)
     assert plan.runtime_base.tag.startswith("gpux-pack/runtime-cpu:1.32.0-")
     assert text.count("FROM ") == 1 and f"FROM {plan.runtime_base.tag}" in text
-    copies = [line for line in text.splitlines() if line.startswith("COPY ")]
-    assert copies == ["COPY model/ /", "COPY config/ /"] and "\nRUN " not in text
+    copies = [line for line in text.splitlines() if line.startswith(("COPY ", "ADD "))]
+    assert copies == ["ADD model.tar /", "ADD config.tar /"] and "\nRUN " not in text
     # entrypoint, user and healthcheck come from the runtime base image
     assert "ENTRYPOINT" not in text and "EXPOSE 8080" in text and "LABEL " in text
 
@@ -201,18 +201,22 @@ def test_context_is_deterministic(tmp_path):
     first, second = context.temporary_tar(ctx).read(), context.temporary_tar(ctx).read()
     assert first == second
     with tarfile.open(fileobj=io.BytesIO(first)) as t:
-        members = t.getmembers()
-    names = [m.name for m in members if m.isfile()]
-    assert names == sorted(names)
-    assert {m.mtime for m in members} == {context.MTIME} and {m.uid for m in members} == {0}
-    site = "packages/opt/gpux/site-packages"
-    assert {"Dockerfile", "config/opt/gpux/gpux.json", f"{site}/numpy/__init__.py", "model/opt/gpux/model/model.onnx",
-            "runtime/opt/gpux/runtime/gpux_runtime/server.py"} <= set(names)
-    modes = {m.name: m.mode for m in members}
-    assert modes[f"{site}/numpy/_core.so"] == 0o755 and modes[f"{site}/numpy/__init__.py"] == 0o644
-    # every folder of a layer comes from the context, with fixed metadata (same diff ids everywhere)
-    assert {"packages", "packages/opt", "packages/opt/gpux", "model/opt/gpux/model"} <= {
-        m.name for m in members if m.isdir()}
+        names = [m.name for m in t.getmembers()]
+        assert names == [".gpux-context", "Dockerfile", "cache.tar", "config.tar", "model.tar", "packages.tar",
+                         "runtime.tar"]  # fmt: skip
+        assert {m.mtime for m in t.getmembers()} == {context.MTIME} and {m.uid for m in t.getmembers()} == {0}
+        packages = tarfile.open(fileobj=t.extractfile("packages.tar"))
+        model = tarfile.open(fileobj=t.extractfile("model.tar"))
+        runtime = tarfile.open(fileobj=t.extractfile("runtime.tar"))
+        # each layer's tar: every folder above its files, all with fixed metadata (same diff ids everywhere)
+        site = LAYERS["packages"].lands.strip("/")
+        got = {m.name: m for m in packages.getmembers()}
+        assert {"opt", "opt/gpux", site, f"{site}/numpy", f"{site}/numpy/__init__.py"} <= set(got)
+        assert got[f"{site}/numpy/_core.so"].mode & 0o7777 == 0o755
+        assert got[f"{site}/numpy/__init__.py"].mode & 0o7777 == 0o644
+        assert {m.mtime for m in got.values()} == {context.MTIME} and {m.uid for m in got.values()} == {0}
+        assert f"{LAYERS['model'].lands.strip('/')}/model.onnx" in model.getnames()
+        assert f"{LAYERS['runtime'].lands.strip('/')}/server.py" in runtime.getnames()
 
 
 def test_write_refuses_foreign_folders(tmp_path):
@@ -228,7 +232,10 @@ def test_write_refuses_foreign_folders(tmp_path):
     context.write(ctx, fresh)
     context.write(ctx, fresh)  # an earlier render is replaced
     assert (fresh / "Dockerfile").read_text() == "FROM x\n"
-    assert (fresh / "model" / "opt" / "gpux" / "model" / "model.onnx").stat().st_mtime == context.MTIME
+    assert (fresh / "model.tar").stat().st_mtime == context.MTIME
+    with tarfile.open(fresh / "model.tar") as t:
+        model = LAYERS["model"].lands.strip("/")
+        assert t.getnames() == ["opt", "opt/gpux", model, f"{model}/model.onnx"]
 
 
 def test_target_tags():
@@ -286,3 +293,20 @@ def test_config_is_complete_without_a_runtimes_defaults():
     env = derive_config(parent, {}, image)["Env"]
     assert env[:3] == ["LANG=C.UTF-8", "PYTHONUNBUFFERED=1", "PATH=/opt/x/bin:/usr/bin"]
     assert [item.split("=", 1)[0] for item in env[3:]] == [k for k, _ in image.env if k != "PYTHONUNBUFFERED"]
+
+
+def test_no_workdir_unless_the_base_sets_one():
+    """BuildKit commits a layer for any WORKDIR, so there is none; a base whose config sets a
+    working folder (which the image's user may not be able to enter) gets `WORKDIR /`."""
+    from dataclasses import replace
+
+    from gpux_pack.plan import image_config
+
+    prov = providers.get("cpu")
+    base = prov.bases["default"]
+    assert image_config(prov, base).workdir == "" and image_config(prov, replace(base, workdir="/")).workdir == ""
+    assert image_config(prov, replace(base, workdir="/root")).workdir == "/"
+    plan = plan_for("cpu")
+    assert "WORKDIR" not in render.dockerfile(plan, "image")
+    rooted = replace(plan, base=replace(plan.base, workdir="/root"))
+    assert "\nWORKDIR /\n" in render.dockerfile(rooted, "image")
