@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import docker
 import pytest
 
 from tests.conftest import BASE_IMAGE, EXAMPLES, free_port, run_cli, serve
@@ -353,6 +354,11 @@ def test_the_index_goes_to_a_bearer_token_registry_and_a_wrong_password_is_one_l
                    env=_docker_config(tmp_path, registry, "wrong"))  # fmt: skip
     lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(lines) == 1 and "authentication failed" in lines[0], proc.stderr[-2000:]
+    for arch in ("amd64", "arm64"):  # the built images stay (only the push failed): the test's to remove
+        try:
+            docker_client.images.remove(f"{registry}/team/multi:wrong-{arch}", force=True)
+        except docker.errors.ImageNotFound:
+            pass
 
 
 def test_one_multi_platform_base_serves_both_platforms(registry, tmp_path, docker_client):
