@@ -156,10 +156,10 @@ class Model:
     def warmup_feeds(self) -> list[dict[str, np.ndarray]]:
         """Inputs for warmup: every declared shape, dynamic dimensions at 1, plus the shapes
         of any configured profiles (min/opt/max), so compiled artefacts cover them. Floats are
-        seeded random values in [0, 1) (the accuracy check needs more than zeros; bfloat16 as
-        its bit patterns); integers,
-        booleans and strings are zeros, false and empty (valid indices and tokens)."""
-        rng = np.random.default_rng(0)
+        values spread over [0, 1), the same on every start (the accuracy check needs more than
+        zeros; bfloat16 as its bit patterns); integers, booleans and strings are zeros, false
+        and empty (valid indices and tokens)."""
+        rng = _Spread()
         runs = []
         for shapes in _shapes(self.spec):
             feeds = {}
@@ -555,14 +555,34 @@ def _shapes(spec: dict[str, Any]) -> list[dict[str, list[int]]]:
     return runs
 
 
-def _sample(dtype: str, shape: list[int], rng: Any) -> np.ndarray:
+class _Spread:
+    """Values in [0, 1) that cover the interval as evenly as random ones (a golden-ratio Weyl
+    sequence, continued from one tensor to the next), without numpy.random: importing it costs
+    10 to 15 ms of every start, and warmup needs varied values, not random ones."""
+
+    STEP = 0.6180339887498949  # the golden ratio's fractional part
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def random(self, shape: list[int], dtype: Any) -> np.ndarray:
+        n = 1
+        for d in shape:
+            n *= d
+        values = (np.arange(self.done, self.done + n, dtype=np.float64) * self.STEP + 0.5) % 1.0
+        self.done += n
+        # the float64 values are under 1; rounding to a narrower type must not reach 1 either
+        return np.minimum(values.astype(dtype), np.nextafter(np.asarray(1, dtype), 0)).reshape(shape)
+
+
+def _sample(dtype: str, shape: list[int], rng: _Spread) -> np.ndarray:
     if dtype == "string":
         return np.full(shape, "", dtype=object)
     np_type = DTYPES[dtype][0]
     if dtype in BINARY_ONLY:  # bfloat16: float32 values in [0, 1) as its bit patterns
         return float32_to_bf16(rng.random(shape, dtype=np.float32))
     if np.issubdtype(np_type, np.floating):
-        return rng.random(shape, dtype=np.float64).astype(np_type)
+        return rng.random(shape, dtype=np_type)  # under 1 in np_type too (float16 rounds up)
     return np.zeros(shape, dtype=np_type)
 
 

@@ -20,10 +20,7 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import re
-import secrets
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +169,7 @@ def cpu_vendor() -> tuple[str, str]:
 
 def _cpuinfo() -> tuple[str, str, set[str]]:
     """The first CPU's vendor id, model name and ISA flags from /proc/cpuinfo."""
-    vendor, model, flags = "", platform.machine(), set()
+    vendor, model, flags = "", os.uname().machine, set()
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
@@ -182,7 +179,7 @@ def _cpuinfo() -> tuple[str, str, set[str]]:
         name = name.strip().lower()
         if name == "vendor_id" and not vendor:
             vendor = value.strip()
-        elif name in ("model name", "cpu model") and model == platform.machine():
+        elif name in ("model name", "cpu model") and model == os.uname().machine:
             model = " ".join(value.split())
         elif name in ("flags", "features") and not flags:
             flags = set(value.split()) & ISA
@@ -318,15 +315,20 @@ def fresh(parts: dict[str, Any], cache_root: Path, warnings: list[str] | None = 
     """A new private folder to compile into, published under the key by `publish`."""
     key = digest(parts)
     root = writable_root(cache_root)
-    tmp = root / f".{key}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = root / f".{key}.tmp-{os.getpid()}-{_token()}"
     tmp.mkdir(parents=True)
     return Cache(key, parts, tmp, "compiled", final=root / key, warnings=warnings or [])
+
+
+def _token() -> str:
+    """8 random hex digits for a private name (os.urandom: the secrets module costs an import)."""
+    return os.urandom(4).hex()
 
 
 def writable_root(cache_root: Path) -> Path:
     try:
         cache_root.mkdir(parents=True, exist_ok=True)
-        probe = cache_root / f".probe-{os.getpid()}-{secrets.token_hex(4)}"
+        probe = cache_root / f".probe-{os.getpid()}-{_token()}"
         probe.mkdir()
         probe.rmdir()
         return cache_root
@@ -341,6 +343,8 @@ def publish(cache: Cache, extra: dict[str, Any]) -> dict[str, Any]:
     """Write the record and rename the compiled folder into place. Another container that
     published the same key first wins when its folder is valid (ours is dropped); a corrupt
     one is replaced."""
+    import shutil  # here: start-up without a cache to publish never needs it
+
     assert cache.folder is not None and cache.final is not None
     record = {"format": FORMAT, "key": cache.key, "parts": cache.parts, **extra, "files": files_of(cache.folder)}
     staged = cache.folder / f".{RECORD}.tmp"
@@ -360,7 +364,7 @@ def publish(cache: Cache, extra: dict[str, Any]) -> dict[str, Any]:
                 cache.folder = cache.final
                 return read_record(cache.final)
             except CacheError:
-                aside = cache.final.with_name(f".{cache.key}.bad-{secrets.token_hex(4)}")
+                aside = cache.final.with_name(f".{cache.key}.bad-{_token()}")
                 try:
                     os.rename(cache.final, aside)
                     shutil.rmtree(aside, ignore_errors=True)
