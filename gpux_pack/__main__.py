@@ -1,10 +1,14 @@
 """`gpux-pack` and `python -m gpux_pack`: `--version` answers, and a model-only rebuild runs
 (commands/rebuild.py), before the CLI's libraries load."""
 
+import os
 import sys
 
 
 def run() -> None:
+    # ONNX Runtime loads in this process for `serve`'s provider check and `predict PATH`: no
+    # telemetry from it either (see gpux_pack/runtime/__main__.py)
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     if sys.argv[1:] == ["--version"]:
         from gpux_pack import __version__
 

@@ -44,6 +44,11 @@ if __name__ == "__main__":
     # other CPU's whole share of start-up (70 to 100 ms of CPU here), which the server's own
     # threads need. The server does no BLAS work in numpy (ONNX Runtime has its own threads).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # ONNX Runtime's Linux wheels (1.2x and later) start a telemetry client as they load: a device
+    # id and an offline event database under $HOME/.cache/Microsoft, a session file in /tmp, a
+    # scan of /sys for GPUs, and events queued for upload to Microsoft. A served model does not
+    # report on its host; ORT_DISABLE_TELEMETRY=0 turns it back on.
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 import json  # noqa: E402
 import logging  # noqa: E402

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from gpux_pack.runtime import metrics
 from gpux_pack.runtime.session import _sample, _Spread
+from tests.conftest import ROOT, copy_example
+from tests.unit.test_runtime import tiny_dir
 
 RUNTIME = Path(__file__).resolve().parents[2] / "gpux_pack" / "runtime"
 
@@ -99,3 +101,35 @@ for name in ("prometheus_client", "numpy.random", "argparse"):
     assert name not in sys.modules, name
 """)
     assert proc.returncode == 0, proc.stderr
+
+
+def _telemetry_files(home: Path) -> list[str]:
+    """What ONNX Runtime's telemetry client leaves: a device id and an event database under
+    $HOME/.cache/Microsoft, a session file in $TMPDIR."""
+    return sorted(str(p.relative_to(home)) for p in home.rglob("*") if "Microsoft" in p.parts or p.name == ".ses")
+
+
+def test_onnxruntime_telemetry_is_off_in_the_runtime_and_the_cli(tmp_path):
+    (tmp_path / "tiny").mkdir()
+    folder = tiny_dir(tmp_path / "tiny")
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    quiet = {k: v for k, v in os.environ.items()  # where ONNX Runtime sees a CI, it stays quiet by itself
+             if k not in ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "TF_BUILD", "ORT_DISABLE_TELEMETRY")}
+
+    def home(name: str, argv: list[str], **env: str) -> Path:
+        folder_ = tmp_path / name
+        folder_.mkdir()
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env={**quiet, "HOME": str(folder_), "TMPDIR": str(folder_), **env})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return folder_
+
+    runtime = [sys.executable, "-m", "gpux_pack.runtime", "info"]
+    config = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(tmp_path / "cache")}
+    assert _telemetry_files(home("runtime", runtime, **config)) == []
+    project = copy_example("mlp", tmp_path)
+    cli = [sys.executable, "-m", "gpux_pack", "predict", str(project), "--input", f"features={tmp_path / 'x.npy'}"]
+    assert _telemetry_files(home("cli", cli)) == []
+    # the same run with telemetry asked for writes them: what the two above would have left
+    opted_in = _telemetry_files(home("opted-in", runtime, ORT_DISABLE_TELEMETRY="0", **config))
+    assert ".ses" in opted_in and any(p.endswith("deviceid") for p in opted_in), opted_in
