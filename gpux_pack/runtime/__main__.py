@@ -103,8 +103,6 @@ def _command(command: str, args) -> int:
     try:
         _STATE["doing"] = "loading the model"
         warm_up = command == "warmup" or (command == "serve" and settings.spec.get("warmup") != "none")
-        if command == "serve":  # the server's imports meanwhile: ONNX Runtime loads with the GIL released
-            threading.Thread(target=_import_server, name="gpux-imports", daemon=True).start()
         model = _interruptible(Model.load, settings, warm_up)
         gc.enable()
         if command == "serve":
@@ -198,16 +196,6 @@ def _bench(model, runs: int) -> dict:
 def _handoff(server: object) -> None:
     """From here on a signal stops the server (drain, exit 0), never the process."""
     _STATE["server"] = server
-
-
-def _import_server() -> None:
-    """The server's imports, in a thread while the main one loads the model."""
-    try:
-        import uvicorn  # noqa: F401
-
-        from . import protocol, server  # noqa: F401
-    except BaseException:  # the main thread's own import reports it (no httptools: h11)
-        pass
 
 
 def _interruptible(fn, *args):
