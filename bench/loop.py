@@ -32,6 +32,11 @@ absolute times are in the JSON only to read the ratios by. Rows:
                    ASGI app loading an InferenceSession at import, run by `uvicorn app:app`,
                    USER 10001, HEALTHCHECK NONE. Both run read-only with a tmpfs /tmp; each
                    container is removed after its round. Their answers must agree. Target <= 0.9x.
+                   In the same rounds, what happens once the container runs, timed inside it
+                   (a probe script mounted read-only starts the server and polls it over the
+                   container's loopback every ms): ours, the minimal server, and `python3 -c
+                   "import uvicorn, numpy, onnxruntime"` alone (to its exit). floor_vs_minimal
+                   is the ratio ours would reach if its Python did only those three imports.
   thread choice    --starts fresh containers of the mlp image (and, unless --no-heavy, of a
                    model of 4 MatMul+Relu layers, [32, 384] x [384, 384]: over the runtime's
                    0.25 ms one-thread line, where the mlp is far under it), interleaved, each
@@ -39,8 +44,9 @@ absolute times are in the JSON only to read the ratios by. Rows:
                    intra-op counts and how many of the starts chose the most common one.
                    Target: all of them.
 
-Prints a Markdown table and writes bench/results-loop.json. Removes the images and containers
-it made (not the runtime base image). A measurement, never a timed test.
+Prints a Markdown table and writes the rows it measured into bench/results-loop.json (the rows
+it skipped keep their earlier values). Removes the images and containers it made (not the
+runtime base image). A measurement, never a timed test.
 """
 
 from __future__ import annotations
@@ -114,6 +120,36 @@ USER 10001
 HEALTHCHECK NONE
 ENTRYPOINT ["python3", "-m", "uvicorn", "app:app", "--host", "0.0.0.0", "--port", "8080"]
 """
+
+PHASE_PROBE = r"""
+# Inside the container: seconds from starting argv to the first 200 from POST /predict on
+# 127.0.0.1:8080 (polled every ms), or with --exit, to argv's exit.
+import socket, subprocess, sys, time
+
+body = b'BODY_JSON'
+request = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+request += b"Content-Length: %d\r\n\r\n" % len(body) + body
+wait_exit = sys.argv[1] == "--exit"
+argv = sys.argv[2:] if wait_exit else sys.argv[1:]
+started = time.perf_counter()
+child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while not wait_exit:
+    try:
+        with socket.create_connection(("127.0.0.1", 8080), timeout=10) as s:
+            s.sendall(request)
+            answer = b"".join(iter(lambda: s.recv(65536), b""))
+        if answer.startswith(b"HTTP/1.1 200"):
+            break
+    except OSError:
+        pass
+    if time.perf_counter() - started > 60:
+        sys.exit("no answer in 60 s")
+    time.sleep(0.001)
+code = child.wait() if wait_exit else 0
+print(f"{time.perf_counter() - started:.4f}")
+child.terminate()
+sys.exit(code)
+""".replace("BODY_JSON", json.dumps(BODY))
 
 HAND_DOCKERFILE = """\
 FROM {base}
@@ -300,22 +336,61 @@ def start_rows(client, args, work: Path, made: set[str]) -> tuple[dict, str]:
     run_call: dict[str, list[float]] = {"ours": [], "minimal": []}
     answers: dict[str, dict] = {}
     images = {"ours": tag, "minimal": minimal_tag}
+    probe = work / "probe"
+    probe.mkdir(mode=0o755)
+    probe.chmod(0o755)  # uid 10001 reads it in the container
+    (probe / "probe.py").write_text(PHASE_PROBE)
+    python = client.images.get(tag).attrs["Config"]["Entrypoint"][0]
+    phases: dict[str, list[float]] = {name: [] for name in PHASES}
     for i in range(args.rounds):
         for name in (("ours", "minimal") if i % 2 == 0 else ("minimal", "ours")):
             seconds, call, answers[name] = first_inference(client, images[name])
             times[name].append(seconds)
             run_call[name].append(call)
-        print(f"start round {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in times.items()), flush=True)
+        for name in (list(PHASES) if i % 2 == 0 else list(reversed(PHASES))):
+            phases[name].append(in_container(client, images[PHASES[name][0]], python, probe, *PHASES[name][1:]))
+        print(f"start round {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in times.items())
+              + "; in the container: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in phases.items()), flush=True)
     for key in answers["minimal"]:
         np.testing.assert_allclose(answers["ours"][key], answers["minimal"][key], rtol=1e-3, atol=1e-3)
+    ours, minimal = statistics.median(times["ours"]), statistics.median(times["minimal"])
+    inside = {k: statistics.median(v) for k, v in phases.items()}
     return {
         "ours_s": med(times["ours"]),
         "minimal_s": med(times["minimal"]),
-        "ours_vs_minimal": round(statistics.median(times["ours"]) / statistics.median(times["minimal"]), 2),
+        "ours_vs_minimal": round(ours / minimal, 2),
         "run_call_s": {k: med(v) for k, v in run_call.items()},
         "flags": "read_only, tmpfs /tmp, -p 127.0.0.1::8080",
         "samples_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "in_container_s": {k: round(v, 4) for k, v in inside.items()},
+        "in_container_ours_vs_minimal": round(inside["ours"] / inside["minimal"], 2),
+        # ours if its Python did nothing but import the three libraries: the least it can reach
+        "floor_vs_minimal": round((ours - inside["ours"] + inside["imports"]) / minimal, 2),
+        "in_container_samples_s": {k: [round(x, 4) for x in v] for k, v in phases.items()},
     }, tag
+
+
+# What the start costs once the container runs, measured by PHASE_PROBE in the container:
+# name -> (image, probe arguments). "imports" is the three libraries every such server loads,
+# in the minimal server's order, with the runtime's environment, timed to the end of the imports
+# (os._exit: the interpreter's teardown is no part of a start): a floor for any server of them.
+PHASES = {
+    "ours": ("ours", "-m", "gpux_runtime", "serve"),
+    "minimal": ("minimal", "-m", "uvicorn", "app:app", "--host", "0.0.0.0", "--port", "8080"),
+    "imports": ("ours", "--exit", "-c", "import uvicorn, numpy, onnxruntime, os; os._exit(0)"),  # no teardown
+}
+
+
+def in_container(client, image: str, python: str, probe: Path, *argv: str) -> float:
+    """PHASE_PROBE's seconds for argv run by the image's python, in the image's container
+    (read-only, tmpfs /tmp, nothing published)."""
+    wait_exit = argv[0] == "--exit"
+    command = ["/gpux-bench/probe.py", *(["--exit"] if wait_exit else []), python, *argv[wait_exit:]]
+    out = client.containers.run(image, command, entrypoint=[python], remove=True, read_only=True,
+                                tmpfs={"/tmp": "rw"}, volumes={str(probe): {"bind": "/gpux-bench", "mode": "ro"}},
+                                environment={"OPENBLAS_NUM_THREADS": "1", "ORT_DISABLE_TELEMETRY": "1"} if wait_exit else {},
+                                labels={"io.gpux.pack.role": "bench"})  # fmt: skip
+    return float(out.decode().split()[-1])
 
 
 def thread_rows(client, args, work: Path, made: set[str], mlp_tag: str | None) -> list[dict]:
@@ -384,7 +459,7 @@ def main() -> None:
     args = parser.parse_args()
     client = docker.from_env(timeout=600)
     made: set[str] = set()
-    result: dict = {"base_image": args.base_image, "rounds": args.rounds, "cpus": len(os.sched_getaffinity(0))}
+    result: dict = {"base_image": args.base_image, "cpus": len(os.sched_getaffinity(0))}
     try:
         with tempfile.TemporaryDirectory(prefix="gpux-loop-") as tmp:
             work = Path(tmp)
@@ -399,7 +474,12 @@ def main() -> None:
                 result["threads"] = thread_rows(client, args, work, made, mlp_tag)
     finally:
         cleanup(client, made)
-    (ROOT / "bench" / "results-loop.json").write_text(json.dumps(result, indent=2) + "\n")
+    for row in ("rebuild", "version", "start"):
+        if row in result:
+            result[row]["rounds"] = args.rounds
+    results = ROOT / "bench" / "results-loop.json"
+    earlier = json.loads(results.read_text()) if results.exists() else {}
+    results.write_text(json.dumps({**earlier, **result}, indent=2) + "\n")
 
     print(f"\n{args.rounds} rounds, interleaved; medians; {result['cpus']} CPUs\n")
     print("| step | ours | against | ratio | target |")
@@ -418,6 +498,9 @@ def main() -> None:
         r = result["start"]
         print(f"| start to first inference | {r['ours_s']} s | minimal uvicorn+onnxruntime: {r['minimal_s']} s "
               f"| {r['ours_vs_minimal']}x | <= 0.9x |")
+        c = r["in_container_s"]
+        print(f"| ... of it in the container | {c['ours']} s | minimal: {c['minimal']} s; the three imports alone: "
+              f"{c['imports']} s | {r['in_container_ours_vs_minimal']}x (floor {r['floor_vs_minimal']}x) | |")
     for r in result.get("threads", []):
         print(f"| thread choice, {r['model']} | intra-op {r['intra_op_counts']} | {r['starts']} starts "
               f"| {r['equal']} of {r['starts']} equal | {r['starts']} of {r['starts']} |")
