@@ -34,6 +34,9 @@ from gpux_pack.wheels import ARCHES, IMAGE_SITE, INSTALL_FORMAT, Lock, Target
 APP_DIR = "/opt/gpux"
 SITE = IMAGE_SITE  # the packages installed on the host
 CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by USER, so a volume mounted there is writable
+# seconds a container has to load and warm up before failed health checks count (Docker's
+# HEALTHCHECK --start-period; the liveness probe's initialDelaySeconds, which podman reads as one)
+HEALTH_START = 60
 BAKED_DIR = warm.BAKED_DIR  # caches `gpux-pack warmup` bakes in, where the runtime looks for them
 PYTHON = "python3"  # the base image's own interpreter, by name (RUN steps and `docker exec`)
 # The PATH an image gets when its base image's config sets none: what Docker's builders (classic,
@@ -61,7 +64,7 @@ class ImageConfig:
     cmd: tuple[str, ...] = ("serve",)
     health_interval: int = 10  # seconds
     health_timeout: int = 5
-    health_start: int = 60
+    health_start: int = HEALTH_START
     health_retries: int = 3
 
     @property

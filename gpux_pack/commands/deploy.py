@@ -39,7 +39,7 @@ import yaml
 
 from gpux_pack import providers
 from gpux_pack.errors import UsageError
-from gpux_pack.plan import CACHE_DIR, UID
+from gpux_pack.plan import CACHE_DIR, HEALTH_START, UID
 from gpux_pack.providers import DEVICES
 from gpux_pack.registry import remote
 from gpux_pack.registry.push import digest_of
@@ -254,8 +254,11 @@ def _probe(path: str, port: int, **more: int) -> dict[str, Any]:
 # it uses, into a health check run inside the container, an httpGet one as `curl`, which the image
 # lacks; its failures restart the container and took the pod down (podman 4.3). An exec probe
 # means the same to Kubernetes; 5 s leaves the interpreter's start time under a cpu limit.
+# podman ignores the startup probe and turns initialDelaySeconds into the check's start period
+# (failures before the first success do not count): without it, a model loading for 30 s was
+# restarted. Kubernetes runs the liveness probe only once the startup probe has passed.
 LIVENESS = {"exec": {"command": ["python3", "-m", "gpux_runtime", "healthcheck", "--live"]},
-            "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
+            "initialDelaySeconds": HEALTH_START, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
 
 
 def _labels(s: Subject) -> dict[str, str]:

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import yaml
 
-from gpux_pack.plan import DEFAULT_PATH, UID
+from gpux_pack.plan import DEFAULT_PATH, HEALTH_START, UID
 from tests.conftest import BASE_IMAGE, EXAMPLES, RUN_ID, free_port, run_cli
 from tests.e2e.conftest import PASSWORD, USER
 
@@ -160,6 +160,8 @@ def test_podman_kube_play_runs_the_deployment_locked_down(pushed_bare, registry,
         denied = sh("podman", "exec", name, "touch", "/written", check=False)
         assert denied.returncode != 0 and "Read-only file system" in denied.stderr, denied
         assert sh("podman", "exec", name, "touch", "/tmp/written", check=False).returncode == 0  # the emptyDir
+        # the liveness probe as podman's health check: a start period, so a slow load is not restarted
+        assert info["Config"]["Healthcheck"]["StartPeriod"] == HEALTH_START * 10**9, info["Config"]["Healthcheck"]
         # the liveness probe, as podman runs it (a systemd timer where systemd runs; here, by hand)
         health = sh("podman", "healthcheck", "run", name, check=False)
         assert health.returncode == 0, (info["Config"].get("Healthcheck"), health.stdout, health.stderr)

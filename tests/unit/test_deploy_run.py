@@ -19,7 +19,7 @@ from gpux_pack import providers
 from gpux_pack.commands import deploy, run
 from gpux_pack.engine.image_labels import GpuxImage
 from gpux_pack.errors import UsageError
-from gpux_pack.plan import CACHE_DIR
+from gpux_pack.plan import CACHE_DIR, HEALTH_START
 from gpux_pack.providers import Devices
 from gpux_pack.runtime.settings import DRAIN_SECONDS
 from tests.manifests import validate
@@ -113,6 +113,7 @@ def test_pod_is_locked_down_with_probes_and_grace(target):
     }
     # the image's own check, not httpGet: podman runs the liveness probe inside the container (curl)
     assert container["livenessProbe"]["exec"]["command"] == ["python3", "-m", "gpux_runtime", "healthcheck", "--live"]
+    assert container["livenessProbe"]["initialDelaySeconds"] == HEALTH_START  # podman's start period
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts == {"/tmp": "tmp", CACHE_DIR: "cache"}
     assert {v["name"] for v in pod["volumes"]} == {"tmp", "cache"}
