@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gpux_pack.runtime import warm
-from tests.conftest import (BASE_IMAGE, assert_history_matches_layers, build_image, copy_example, on_intel_cpu, run_cli,
+from tests.conftest import (assert_history_matches_layers, build_image, copy_example, on_intel_cpu, run_cli,
                             serve, wait_ready)
 
 pytestmark = pytest.mark.e2e
