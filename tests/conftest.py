@@ -25,6 +25,9 @@ RUN_ID = uuid.uuid4().hex[:8]
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 os.environ.setdefault("TESTCONTAINERS_CONNECTION_MODE", "docker_host")
 os.environ.setdefault("TC_HOST", "127.0.0.1")
+# the tests' own onnxruntime (reference answers) and every CLI they run: no telemetry files under
+# the developer's ~/.cache/Microsoft (test_startup.py checks the runtime and the CLI without it)
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 900):
