@@ -205,8 +205,8 @@ def test_docker_compose_runs_the_compose_file(pushed_bare, tmp_path, docker_clie
         wait_ready(f"http://127.0.0.1:{port}", alive)
         print(f"docker-compose up -> ready: {time.monotonic() - started:.1f} s")
         deadline = time.monotonic() + 60  # the HEALTHCHECK's first run comes one interval (10 s) after start
-        while state()["Health"]["Status"] != "healthy":
-            assert state()["Health"]["Status"] == "starting" and time.monotonic() < deadline, state()["Health"]
+        while (health := state()["Health"])["Status"] != "healthy":  # one read a round: it may turn meanwhile
+            assert health["Status"] == "starting" and time.monotonic() < deadline, health
             time.sleep(0.5)
         host = json.loads(sh("docker", "inspect", cid).stdout)[0]["HostConfig"]
         assert host["ReadonlyRootfs"] is True and host["CapDrop"] == ["ALL"]
