@@ -20,13 +20,13 @@ X = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
 def cpu_and_openvino(docker_client, tags, tmp_path_factory):
     """`--provider cpu,openvino`: two images from one command, one summary."""
     project = copy_example("mlp", tmp_path_factory.mktemp("multi"))
-    tag = tags("multi:{provider}").replace("{provider}", "") + "{provider}"
+    made = {provider: tags(f"multi:{provider}") for provider in ("cpu", "openvino")}  # removed at the end
+    tag = made["cpu"].rsplit(":", 1)[0] + ":{provider}"
     proc = run_cli("build", str(project), "--provider", "cpu,openvino", "--base-image", BASE_IMAGE,
                    "--tag", tag, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     images = {i["provider"]: i for i in json.loads(proc.stdout)["images"]}
-    for provider in images:
-        tags(images[provider]["tag"])  # removed at the end of the run
+    assert {p: i["tag"] for p, i in images.items()} == made
     return images
 
 

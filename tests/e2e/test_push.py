@@ -394,9 +394,14 @@ def test_one_multi_platform_base_serves_both_platforms(registry, tmp_path, docke
         assert built == {"linux/amd64": "amd64", "linux/arm64": "arm64"}
         (written,) = summary["indexes"]
         assert sorted(m["platform"] for m in written["manifests"]) == ["linux/amd64", "linux/arm64"]
-    finally:
-        for t in (f"{tag}-amd64", f"{tag}-arm64", f"{base}:bookworm"):
+    finally:  # the two images, the runtime bases made on the pulled base, the pulled base's names
+        made = [f"{tag}-amd64", f"{tag}-arm64"]
+        made += [i.id for i in docker_client.images.list(filters={"label": f"org.opencontainers.image.base.name={base}:bookworm"})]
+        # the pulled base is the local base under other names: remove the names, not the image
+        made += [f"{base}:bookworm"] + [d for i in docker_client.images.list() for d in i.attrs["RepoDigests"] or []
+                                        if d.startswith(f"{base}@")]  # fmt: skip
+        for t in made:
             try:
-                docker_client.images.remove(t, force=True)
-            except Exception:
+                docker_client.images.remove(t, force=not t.startswith(base))
+            except docker.errors.ImageNotFound:
                 pass
