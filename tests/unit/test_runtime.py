@@ -5,9 +5,11 @@ The same code runs in the containers (tests/e2e); here each case costs milliseco
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +195,26 @@ def test_provider_override_and_fallback(tmp_path, caplog):
     assert [n for n, _ in s.providers] == ["CPUExecutionProvider"]
     with pytest.raises(StartupError, match="unknown provider 'tpu'"):
         settings(folder, GPUX_PROVIDERS="tpu")
+
+
+def test_warmup_leaves_no_profile_in_the_temporary_folder(tmp_path, monkeypatch):
+    """ONNX Runtime creates warmup's profile file when the session loads: it goes when warmup has
+    read it, when the load fails after the session, and with a model dropped before its warmup."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    folder = spec_dir(tmp_path, "mlp", provider="cuda")  # no CUDA here: served on CPU, and profiled
+    model = Model.load(settings(folder))
+    assert [p.name for p in scratch.iterdir()][0].startswith("gpux-warmup-")  # there while it runs
+    assert model.warmup()["partition"] == {"CPUExecutionProvider": 3}  # after fusion
+    assert list(scratch.iterdir()) == []
+    with pytest.raises(StartupError, match="is not active"):
+        Model.load(settings(folder, GPUX_REQUIRE_PROVIDER="1"))
+    gc.collect()
+    assert list(scratch.iterdir()) == []
+    Model.load(settings(folder))  # never warmed up
+    gc.collect()
+    assert list(scratch.iterdir()) == []
 
 
 def test_warmup_never_is_ready_at_once(tmp_path):
