@@ -111,8 +111,12 @@ class Serving:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGTERM)  # serve's own stop, which removes its staging folder
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
         for left in group_alive(self.proc.pid):
             os.kill(int(left.split()[0]), signal.SIGKILL)
 
