@@ -40,8 +40,9 @@ class ProfileFolder:
     temporary directory."""
 
     def __init__(self) -> None:
-        self.prefix = str(Path(tempfile.mkdtemp(prefix="gpux-warmup-")) / "profile")
-        self.remove = weakref.finalize(self, shutil.rmtree, str(Path(self.prefix).parent), True)
+        folder = tempfile.mkdtemp(prefix="gpux-warmup-")
+        self.prefix = str(Path(folder) / "profile")  # ORT adds the time and .json
+        self.remove = weakref.finalize(self, shutil.rmtree, folder, True)
 
     @classmethod
     def make(cls) -> ProfileFolder | None:
