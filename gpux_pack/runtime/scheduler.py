@@ -140,23 +140,30 @@ class Scheduler:
 
     def _work(self) -> None:
         while (batch := self._take()) is not None:
-            options = self._make_options()
+            self._serve(batch)
+            batch = None  # type: ignore[assignment]  # not kept alive while this worker waits for the next
+
+    def _serve(self, batch: list[Job]) -> None:
+        """One run for the batch; each job's future gets its rows of the answer, or the error."""
+        options = self._make_options()
+        for job in batch:
+            job.options, job.batch = options, batch
+        started = time.perf_counter()
+        try:
+            if len(batch) == 1:
+                results = [self._run(batch[0].feeds, batch[0].names, options)]
+            else:
+                results = self._run_batch(batch, options)
+        except BaseException as e:  # each waiting request gets the error
             for job in batch:
-                job.options, job.batch = options, batch
-            started = time.perf_counter()
-            try:
-                if len(batch) == 1:
-                    results = [self._run(batch[0].feeds, batch[0].names, options)]
-                else:
-                    results = self._run_batch(batch, options)
-            except BaseException as e:  # each waiting request gets the error
-                for job in batch:
-                    job.future.set_exception(e)
-                continue
-            finally:
-                self._observe(sum(j.rows for j in batch), time.perf_counter() - started)
-            for job, result in zip(batch, results):
-                job.future.set_result(result)
+                job.future.set_exception(e)
+            return
+        finally:
+            self._observe(sum(j.rows for j in batch), time.perf_counter() - started)
+            for job in batch:  # the run is over: the batch list holds each job, and that cycle kept
+                job.batch, job.options = [], None  # every request's inputs and answer alive until a full collection
+        for job, result in zip(batch, results):
+            job.future.set_result(result)
 
     def _run_batch(self, batch: list[Job], options: Any) -> list[dict[str, Any]]:
         merged = {name: np.concatenate([j.feeds[name] for j in batch]) for name in batch[0].feeds}
