@@ -269,7 +269,7 @@ def decode(request: Any, model: Any, budget: int) -> tuple[dict[str, np.ndarray]
         if any(d < 0 for d in shape):
             raise RequestError(f"{what}: 'shape' must be a list of non-negative integers")
         count = math.prod(shape)
-        total += count * (8 if spec.dtype == "string" else np.dtype(DTYPES[spec.dtype][0]).itemsize)
+        total += count * spec.itemsize
         if total > budget:
             raise RequestError(f"{what}: shape {shape} makes the request's tensors {total} bytes, more than this "
                                f"server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)  # fmt: skip

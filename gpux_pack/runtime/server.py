@@ -25,7 +25,7 @@ from .metrics import Metrics, route
 from .scheduler import Batching, Overloaded, Scheduler
 from .session import AccuracyError, Model
 from .tensors import (JSON_FACTOR, RequestError, TensorSpec, V2Request, decode_predict, decode_v2, dumps, encode_predict,
-                      encode_v2, hole_dtypes, numeric_body, parse_json, plain_numbers, split_binary, to_json)
+                      encode_v2, hole_inputs, numeric_body, parse_json, plain_numbers, split_binary, to_json)
 
 log = logging.getLogger("gpux")
 access = logging.getLogger("gpux.access")
@@ -36,7 +36,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 _V2_MODEL = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<rest>/ready|/infer)?$")
 JSON = b"application/json"
 BINARY_HEADER = b"inference-header-content-length"
-INLINE_BYTES = 16 * 1024  # JSON bodies up to this are parsed on the loop: a thread hop costs more
+INLINE_BYTES = 64 * 1024  # JSON bodies up to this are parsed on the loop: a thread hop costs more
 
 
 @dataclass
@@ -345,10 +345,10 @@ class App:
             cost = min(header_bytes, len(body)) * JSON_FACTOR
         else:
             numeric = numeric_body(body)
-            holes = hole_dtypes(numeric, model.inputs, model.overridable, v2) if numeric else None
+            holes = hole_inputs(numeric, model.inputs, model.overridable, v2) if numeric else None
             direct = numeric is not None and holes is not None  # else the body is parsed whole
             if direct:
-                itemsize = max((d.itemsize for d in holes.values() if d is not None), default=8)
+                itemsize = max((s.itemsize for s in holes.values() if s is not None), default=8)
                 cost = numeric.decode_cost(itemsize)
             else:
                 cost = len(body) * JSON_FACTOR
@@ -408,7 +408,9 @@ class App:
             raise
 
 
-TRIM_AFTER = 1 << 20  # a request this large may leave freed memory in malloc's free lists
+TRIM_AFTER = 16 << 20  # a request charged this much may leave freed memory in malloc's free lists
+MMAP_THRESHOLD = 1 << 20  # blocks this large come from mmap and go back to the system when freed
+TRIM_THRESHOLD = 4 << 20  # free memory at the top of a heap past this goes back at once
 
 
 def _libc() -> Any:
@@ -432,12 +434,16 @@ def _trim() -> None:
         _LIBC.malloc_trim(0)
 
 
-def _large_blocks_mapped() -> None:
-    """Blocks of 128 KiB and more (bodies, decoding pieces, arrays) from mmap, unmapped when
-    freed: glibc otherwise raises this threshold after the first such free and serves later
-    ones from the heap, where a burst of large requests fragments it for good."""
+def _tune_malloc() -> None:
+    """Blocks of 1 MiB and more (bodies, arrays, answers) from mmap, unmapped when freed, and
+    at most 4 MiB of free memory kept at a heap's top: glibc otherwise raises both thresholds
+    after the first large free and keeps serving large blocks from the heap, where a burst of
+    large requests fragments it for good. Not lower: every block from mmap, or returned to the
+    system at once, is page-faulted in afresh on its next use (at 128 KiB, a 255 KB JSON body
+    cost 350 page faults to decode and encode, 2x the time without them, on a VM)."""
     if _libc():
-        _LIBC.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixing it also stops the raising)
+        _LIBC.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (fixing it also stops the raising)
+        _LIBC.mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
 
 
 _LIBC: Any = None
@@ -460,8 +466,6 @@ def _output_size(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: dic
                  names: list[str] | None) -> tuple[int, int]:
     """(bytes, elements) of the outputs from their declared shapes, named dimensions bound by
     the inputs' (an unknown dimension counts as 1)."""
-    from .dtypes import DTYPES
-
     dims: dict[str, int] = {}
     for spec in inputs:
         arr = feeds.get(spec.name)
@@ -474,8 +478,7 @@ def _output_size(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: dic
         count = 1
         for d in spec.shape:
             count *= d if isinstance(d, int) and d >= 0 else dims.get(d, 1) if isinstance(d, str) else 1
-        itemsize = 8 if spec.dtype not in DTYPES or spec.dtype == "string" else np.dtype(DTYPES[spec.dtype][0]).itemsize
-        total += count * itemsize
+        total += count * spec.itemsize
         elements += count
     return total, elements
 
@@ -520,7 +523,7 @@ def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] |
 
     settings = model.settings
     app = App(model, pack_version)
-    _large_blocks_mapped()
+    _tune_malloc()
     try:
         from .protocol import protocol
 

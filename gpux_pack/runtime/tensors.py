@@ -93,45 +93,24 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(to_json(value), option=_OPTIONS)
 
 
-def too_deep(raw: bytes | memoryview, limit: int = MAX_DEPTH) -> bool:
-    """Nesting past `limit`, without a Python loop over a 64 MiB body. At most `limit` brackets
-    cannot nest deeper; else the escapes go (bytes.replace pairs backslashes left to right, as
-    JSON does), the quotes left delimit strings, and a running sum in numpy gives the depth."""
-    raw = bytes(raw) if isinstance(raw, memoryview) else raw
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    if b"\\" in raw:
-        raw = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
-    steps, quotes = raw.translate(_STEPS), raw.translate(_QUOTES)
-    level = inside = 0
-    for start in range(0, len(raw), _CHUNK):  # bounded memory, whatever the body's size
-        count = min(_CHUNK, len(raw) - start)
-        in_string = (np.frombuffer(quotes, np.uint8, count, start).cumsum(dtype=np.int32) + inside) & 1
-        step = np.frombuffer(steps, np.int8, count, start)
-        depth = np.where(in_string, 0, step).cumsum(dtype=np.int32) + level
-        if int(depth.max()) > limit:
-            return True
-        level, inside = int(depth[-1]), int(in_string[-1])
-    return False
-
-
 # ---------------------------------------------------------------------------------------------
-# Large numeric arrays straight from the JSON text: no Python object per number
+# Large numeric arrays straight from the JSON text: the Python objects of one piece at a time
 
 
 JSON_FACTOR = 40  # what orjson's Python objects peak at per byte of JSON text: measured 13x (true)
                   # to 23x (float rows) and 36x (small dicts), bench/json_memory.py
 FAST_MIN = 64 * 1024  # arrays this large (bytes of text) are decoded from the text itself
-FAST_CHUNK = 1 << 20  # the text is scanned and parsed in pieces this large: bounded scratch memory
+CHUNK = 64 * 1024  # both passes work on pieces of text this large: bounded scratch memory, reused
+                  # from the heap (blocks from mmap are page-faulted in afresh every time)
+SCRATCH = 2 << 20  # what a pass holds besides the skeleton and the array: a piece's Python objects
+                   # (16x its text at worst, "0,0,..."), its copies and its numpy temporaries
 _RUN = re.compile(rb"\[[0-9.eE+\-\[\], \t\n\r]*+")  # possessive: each run is scanned once
-_BAD_NUMBER = re.compile(  # what strtod takes but JSON does not: +1 .5 1. 1e 01 1-2 -x
-    rb"(?<![eE])\+|(?<![0-9])\.|\.(?![0-9])|(?<![0-9])[eE]|[eE](?![+\-]?[0-9])|(?<![eE])-(?![0-9])"
-    rb"|[0-9.]-|(?<![0-9.eE+\-])-?0[0-9]")
 _TOKENS = bytes.maketrans(b"0123456789.eE+-", b"n" * 15)  # a number's characters -> n
-_SPACES = bytes.maketrans(b"[],", b"   ")
+_UNBRACKET = bytes.maketrans(b"[]", b"  ")
 _WS = b" \t\n\r"
 _PLACEHOLDER = b'{"\\u0000":%d}'  # a key no request can hold: a raw control character is not JSON
 _HOLE = "\0"
+_NUMERIC_KINDS = "fiu"  # inputs whose JSON data may be read from the text: floats and integers
 
 
 @dataclass
@@ -145,27 +124,27 @@ class NumericBody:
 
     def decode_cost(self, itemsize: int = 8) -> int:
         """Bytes decoding may hold at once: the skeleton's objects, the structure check (twice
-        the arrays' text at most) and each array (at most one number per two bytes of text), plus
-        the pieces' scratch (bench/json_memory.py: 1.8x to 6.5x for a 2 MB body, all counted)."""
+        the arrays' text at most), each array (at most one number per two bytes of text), and
+        one pass's scratch (bench/json_memory.py: 1.8x to 6.5x for a 2 MB body, all counted)."""
         text = sum(end - start for start, end in self.spans)
-        return (len(self.raw) - text) * JSON_FACTOR + text * (4 + itemsize) // 2 + 8 * FAST_CHUNK
+        return (len(self.raw) - text) * JSON_FACTOR + text * (4 + itemsize) // 2 + SCRATCH
 
-    def fill(self, dtype_of: Any) -> Any:
-        """The skeleton with each hole replaced by its array, in the dtype `dtype_of(path)` gives
-        (None: the hole stays, and the decoders refuse it as an object where a list belongs)."""
-        return self._filled(self.skeleton, (), dtype_of)
+    def fill(self, spec_of: Any) -> Any:
+        """The skeleton with each hole replaced by its array, for the input `spec_of(path)`
+        gives (None: the hole stays, and the decoders refuse it as an object where a list belongs)."""
+        return self._filled(self.skeleton, (), spec_of)
 
-    def _filled(self, value: Any, path: tuple, dtype_of: Any) -> Any:
+    def _filled(self, value: Any, path: tuple, spec_of: Any) -> Any:
         """A method, not a recursive closure: a closure that calls itself is a reference cycle,
         and it kept each body's text alive until the garbage collector's next full pass (a burst
         of large bodies held 40-75 MB more than after it)."""
         if isinstance(value, dict):
             if len(value) == 1 and _HOLE in value:
-                dtype = dtype_of(path)
-                return value if dtype is None else numeric_array(self.raw, *self.spans[value[_HOLE]], dtype, path)
-            return {k: self._filled(v, (*path, k), dtype_of) for k, v in value.items()}
+                spec = spec_of(path)
+                return value if spec is None else numeric_array(self.raw, *self.spans[value[_HOLE]], spec)
+            return {k: self._filled(v, (*path, k), spec_of) for k, v in value.items()}
         if isinstance(value, list):
-            return [self._filled(v, (*path, i), dtype_of) for i, v in enumerate(value)]
+            return [self._filled(v, (*path, i), spec_of) for i, v in enumerate(value)]
         return value
 
 
@@ -199,13 +178,14 @@ def numeric_body(raw: bytes) -> NumericBody | None:
     return NumericBody(raw, parse_json(b"".join(parts)), spans)
 
 
-def hole_dtypes(body: NumericBody, inputs: Sequence["TensorSpec"], overridable: Sequence["TensorSpec"],
-                v2: bool) -> dict[tuple, np.dtype | None] | None:
-    """The dtype each hole's array becomes: its float input's (None: the hole is no input's
-    data, and the decoders refuse it as they would any object there). None for the whole body
-    when a hole is the data of a non-float input: then the body is parsed as usual."""
+def hole_inputs(body: NumericBody, inputs: Sequence["TensorSpec"], overridable: Sequence["TensorSpec"],
+                v2: bool) -> dict[tuple, "TensorSpec | None"] | None:
+    """The input each hole's array is the data of (None: the hole is no input's data, and the
+    decoders refuse it as they would any object there). None for the whole body when a hole is
+    the data of an input that is not numeric (strings, booleans, BF16): then the body is parsed
+    as usual, and the decoders' own messages apply."""
     by_name = {s.name: s for s in (*overridable, *inputs)}
-    out: dict[tuple, np.dtype | None] = {}
+    out: dict[tuple, TensorSpec | None] = {}
     for path in _holes(body.skeleton, ()):
         spec = None
         if v2 and len(path) == 3 and path[0] == "inputs" and path[2] == "data":
@@ -217,8 +197,8 @@ def hole_dtypes(body: NumericBody, inputs: Sequence["TensorSpec"], overridable: 
             spec = by_name.get(path[-1])
         if spec is None:
             out[path] = None
-        elif spec.dtype in DTYPES and np.dtype(DTYPES[spec.dtype][0]).kind == "f":
-            out[path] = np.dtype(DTYPES[spec.dtype][0])
+        elif spec.dtype not in BINARY_ONLY and np.dtype(DTYPES.get(spec.dtype, ("O",))[0]).kind in _NUMERIC_KINDS:
+            out[path] = spec
         else:
             return None
     return out
@@ -234,16 +214,47 @@ def _holes(value: Any, path: tuple) -> list[tuple]:
     return []
 
 
-def numeric_array(raw: bytes, start: int, end: int, dtype: np.dtype, path: tuple = ()) -> np.ndarray:
-    """raw[start:end], a JSON array of numbers, as an array of `dtype`: its shape from the
-    brackets (every row the same length, or a 400), numbers parsed by numpy in pieces."""
-    what = "input " + repr(path[-1] if path and isinstance(path[-1], str) else ".".join(map(str, path)))
-    if _BAD_NUMBER.search(raw, start, end):
-        raise RequestError(f"{what}: malformed JSON number")
-    # the structure: each number one 'n', whitespace gone; built in pieces (bounded scratch)
+def numeric_array(raw: bytes, start: int, end: int, spec: "TensorSpec") -> np.ndarray:
+    """raw[start:end], a JSON array of numbers, as an array of `spec`'s dtype. Two passes, each
+    over bounded pieces: the structure (its shape from the brackets, every row the same length,
+    or a 400), then the numbers, parsed by orjson a piece at a time with the brackets blanked
+    out, so JSON's own grammar judges every number and the Python objects of one piece at most
+    exist at once."""
+    what = f"input '{spec.name}'"
+    shape = _shape(raw, start, end, what)
+    count = math.prod(shape)
+    out = np.empty(count, np.dtype(DTYPES[spec.dtype][0]))
+    if not count:
+        return out.reshape(shape)  # the structure check saw no number at all
+    filled, a = 0, start
+    while True:
+        b = raw.find(b",", min(end, a + CHUNK), end)  # pieces end between two numbers
+        last = b < 0
+        piece = b"[" + raw[a: end if last else b].translate(_UNBRACKET) + b"]"
+        try:
+            values = orjson.loads(piece)
+        except orjson.JSONDecodeError:
+            raise RequestError(f"{what}: malformed JSON number") from None
+        del piece
+        if filled + len(values) > count:
+            break
+        out[filled: filled + len(values)] = to_array(spec, values, what, fast=True)
+        filled += len(values)
+        del values
+        if last:
+            break
+        a = b + 1
+    if filled != count or not last:
+        raise RequestError(f"{what}: the nested lists hold {count} places but the numbers do not fill them")
+    return out.reshape(shape)
+
+
+def _shape(raw: bytes, start: int, end: int, what: str) -> tuple[int, ...]:
+    """The shape of the nested lists in raw[start:end], from their skeleton (each number one
+    'n', whitespace gone), built in pieces; a 400 unless every row has the same length."""
     pieces, previous = [], False
-    for a in range(start, end, FAST_CHUNK):
-        text = np.frombuffer(raw[a: min(end, a + FAST_CHUNK)].translate(_TOKENS, _WS), np.uint8)
+    for a in range(start, end, CHUNK):
+        text = np.frombuffer(raw[a: min(end, a + CHUNK)].translate(_TOKENS, _WS), np.uint8)
         if not text.size:
             continue
         number = text == ord("n")
@@ -259,29 +270,7 @@ def numeric_array(raw: bytes, start: int, end: int, dtype: np.dtype, path: tuple
         if any(bad in skeleton for bad in (b",,", b",]", b"[,", b"n[", b"]n", b"][")):
             raise RequestError(f"{what}: malformed JSON array")
         raise RequestError(f"{what}: ragged nested lists (every row needs the same length)")
-    del skeleton
-    count = math.prod(shape)
-    out = np.empty(count, dtype)
-    filled, a = 0, start
-    while a < end:
-        b = raw.find(b",", min(end, a + FAST_CHUNK), end)
-        b = end if b < 0 else b + 1
-        text = raw[a:b].translate(_SPACES)
-        if not text.strip(_WS):  # numpy reads blank text as [-1.0]
-            a = b
-            continue
-        try:
-            values = np.fromstring(text, dtype=np.float64, sep=" ")
-        except ValueError:
-            raise RequestError(f"{what}: malformed JSON number") from None
-        if filled + values.size > count:
-            break
-        out[filled: filled + values.size] = values
-        filled += values.size
-        a = b
-    if filled != count or a < end:
-        raise RequestError(f"{what}: the nested lists hold {count} places but the numbers do not fill them")
-    return out.reshape(shape)
+    return shape
 
 
 def _shape_of(skeleton: bytes) -> tuple[int, ...] | None:
@@ -330,6 +319,11 @@ class TensorSpec:
     def datatype(self) -> str:
         """KServe v2 datatype."""
         return DTYPES[self.dtype][1] if self.dtype in DTYPES else "BYTES"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes an element holds in memory (a string or non-tensor value counts as a pointer's 8)."""
+        return np.dtype(DTYPES[self.dtype][0]).itemsize if self.dtype in DTYPES and self.dtype != "string" else 8
 
     @property
     def v2_shape(self) -> list[int]:
@@ -566,8 +560,7 @@ def decode_v2(
         if item["datatype"] != spec.datatype:
             raise RequestError(f"{what}: datatype {item['datatype']} does not match the model's {spec.datatype}")
         count = math.prod(shape)
-        itemsize = 8 if spec.dtype == "string" else np.dtype(DTYPES[spec.dtype][0]).itemsize
-        total += count * itemsize
+        total += count * spec.itemsize
         if budget is not None and total > budget:
             raise RequestError(f"{what}: shape {shape} makes the request's tensors {total} bytes, more than this "
                                f"server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)  # fmt: skip
@@ -666,8 +659,8 @@ def encode_v2(outputs: dict[str, Any], specs: dict[str, TensorSpec], request: V2
         datatype = spec.datatype if spec and spec.dtype in DTYPES else "BYTES"
         item: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if request.wants_binary(name) and (datatype != "BYTES" or arr.dtype.kind in "OUS"):
-            blob = to_binary(arr, datatype)
-            item["parameters"] = {"binary_data_size": len(blob)}
+            blob = to_binary(arr, datatype) if datatype == "BYTES" else binary_view(arr)
+            item["parameters"] = {"binary_data_size": blob.nbytes if isinstance(blob, memoryview) else len(blob)}
             blobs.append(blob)
         elif spec is not None and spec.dtype in BINARY_ONLY:  # decode_v2 refused such a request already
             raise json_refused(spec, output=True)
@@ -689,4 +682,9 @@ def to_binary(arr: np.ndarray, datatype: str) -> bytes:
             b = v if isinstance(v, bytes) else str(v).encode("utf-8")
             parts += [struct.pack("<I", len(b)), b]
         return b"".join(parts)
-    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+    return binary_view(arr).tobytes()
+
+
+def binary_view(arr: np.ndarray) -> memoryview:
+    """A numeric array's little-endian bytes without copying them (joined into the answer once)."""
+    return memoryview(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).reshape(-1)).cast("B")
