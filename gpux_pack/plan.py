@@ -538,6 +538,8 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
             "size_bytes": plan.model.size_bytes,
             "opset": plan.model.opset,
             "nodes": plan.model.nodes,
+            # the intermediate tensors' peak: bytes per product of the request's input dimensions
+            "working_memory": [{"dims": [list(d) for d in dims], "bytes": n} for dims, n in plan.model.working_memory],
         },
         "inputs": [t.to_json() for t in plan.signature.inputs],
         # accepted on /predict and v2 infer, not listed: initializers the graph lists as inputs

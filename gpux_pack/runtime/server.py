@@ -45,6 +45,7 @@ class Response:
     body: bytes
     content_type: bytes = JSON
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    held: int = 0  # in-flight bytes this answer is charged, released once it is sent
 
 
 def _json(status: int, value: Any) -> Response:
@@ -76,6 +77,9 @@ class App:
 
         self.scheduler = Scheduler(model.run, ort.RunOptions, settings.max_workers, settings.max_queue, batching,
                                    self.metrics.observe_run)  # fmt: skip
+        # the graph's intermediate tensors at their peak: bytes x the request's (input, axis) sizes
+        self.working = [(tuple((d[0], d[1]) for d in term["dims"]), int(term["bytes"]))
+                        for term in (model.spec.get("model") or {}).get("working_memory") or ()]  # fmt: skip
         self._bytes_lock = threading.Lock()
         self.in_flight_bytes = 0
         self._large = False  # a large request finished since memory was last trimmed
@@ -137,7 +141,10 @@ class App:
             response = _json(500, {"error": f"internal error: {type(e).__name__}: {e}"})
         if allow and response.status == 405:
             response.headers.append((b"allow", allow.encode()))
-        await _send(send, response)
+        try:
+            await _send(send, response)
+        finally:
+            self.release(response.held)
         seconds = time.perf_counter() - started
         path = scope["path"]
         self.metrics.observe_request(route(path.rstrip("/") or "/", self.model.spec["name"]), response.status, seconds)
@@ -257,18 +264,27 @@ class App:
             try:  # JSON tensors cost time in proportion: off the loop; a small or binary body: here
                 cheap = len(body) <= INLINE_BYTES or (BINARY_HEADER in headers and not self.string_inputs)
                 if not cheap:
-                    feeds, request = await loop.run_in_executor(self.codec, self._decode, body, headers, v2)
+                    feeds, request, needed = await loop.run_in_executor(self.codec, self._decode, body, headers, v2)
                 else:
-                    feeds, request = self._decode(body, headers, v2)
+                    feeds, request, needed = self._decode(body, headers, v2)
             finally:
                 self.scheduler.arrive(-1)
             del body
+            # the body is gone: from here on the request holds its tensors, the model's and its answer
+            needed = self.hold(needed)
+            self.release(held)
+            held = needed
             outputs = await self.run(feeds, request.outputs)
+            del feeds
             large = sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES // 4
             if not v2:
                 if large:
-                    return Response(200, await loop.run_in_executor(self.codec, encode_predict, outputs))
-                return Response(200, encode_predict(outputs))
+                    payload = await loop.run_in_executor(self.codec, encode_predict, outputs)
+                else:
+                    payload = encode_predict(outputs)
+                response = Response(200, payload, held=held)
+                held = 0  # released once the answer is sent
+                return response
             head = {"model_name": self.model.spec["name"], "model_version": self.model.spec["version"]}
             if request.id is not None:
                 head["id"] = request.id
@@ -277,9 +293,14 @@ class App:
                                                                     request, head)  # fmt: skip
             else:
                 payload, header_length = encode_v2(outputs, self.outputs, request, head)
+            del outputs
             if header_length is None:
-                return Response(200, payload)
-            return Response(200, payload, b"application/octet-stream", [(BINARY_HEADER, str(header_length).encode())])
+                response = Response(200, payload, held=held)
+            else:
+                response = Response(200, payload, b"application/octet-stream",
+                                    [(BINARY_HEADER, str(header_length).encode())], held)  # fmt: skip
+            held = 0
+            return response
         finally:
             self.release(held)
 
@@ -328,9 +349,11 @@ class App:
                 break
         return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), max(0, size - declared)
 
-    def _decode(self, body: bytes, headers: dict[bytes, bytes], v2: bool) -> tuple[dict[str, np.ndarray], V2Request]:
-        """In a codec thread: the body as feeds, checked against the per-request budget. What
-        decoding will hold at its peak is counted against the in-flight budget first: JSON
+    def _decode(self, body: bytes, headers: dict[bytes, bytes], v2: bool) -> tuple[dict[str, np.ndarray], V2Request, int]:
+        """In a codec thread: the body as feeds, checked against the per-request budget, and the
+        bytes the rest of the request will hold (its tensors, the graph's intermediate tensors,
+        the outputs and the answer).
+        What decoding will hold at its peak is counted against the in-flight budget first: JSON
         becomes Python objects (up to 36x its text) unless its large arrays are all numbers."""
         model, budget = self.model, self.model.settings.max_request_bytes
         content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
@@ -379,15 +402,14 @@ class App:
                 request = V2Request()
         finally:
             self.release(held)
-        outputs, elements = _output_size(model.inputs, model.outputs, feeds, request.outputs)
-        text = 0 if v2 and (request.binary_default or request.binary) else elements * ANSWER_TEXT
-        needed = sum(a.nbytes for a in feeds.values()) + outputs + text
+        outputs, answer = _output_size(model.inputs, model.outputs, feeds, request, v2)
+        needed = sum(a.nbytes for a in feeds.values()) + outputs + answer + _working(self.working, feeds)
         if needed > budget:
-            answer = " and their JSON text" if text else ""
-            raise RequestError(f"the request's tensors and the outputs they imply{answer} need about {needed} bytes, "
-                               f"more than this server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)"
-                               + ("; ask for binary outputs or send fewer rows" if text else ""), 413)  # fmt: skip
-        return feeds, request
+            hint = "ask for binary outputs or send fewer rows" if answer > outputs else "send fewer rows"
+            raise RequestError(f"this request needs about {needed} bytes (its tensors, the model's intermediate "
+                               f"tensors and outputs they imply, and the answer), more than this server's budget of "
+                               f"{budget} bytes per request (GPUX_MAX_REQUEST_BYTES); {hint}", 413)  # fmt: skip
+        return feeds, request, needed
 
     async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
         timeout = self.model.settings.timeout
@@ -463,24 +485,37 @@ ANSWER_TEXT = 20  # bytes a JSON answer holds per output element while orjson wr
 
 
 def _output_size(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: dict[str, np.ndarray],
-                 names: list[str] | None) -> tuple[int, int]:
-    """(bytes, elements) of the outputs from their declared shapes, named dimensions bound by
-    the inputs' (an unknown dimension counts as 1)."""
+                 request: V2Request, v2: bool) -> tuple[int, int]:
+    """(bytes, answer bytes) of the outputs the request asks for, from their declared shapes,
+    named dimensions bound by the inputs' (an unknown dimension counts as 1). The answer: a
+    binary output's bytes once more (the body that carries them), a JSON one's text (ANSWER_TEXT
+    bytes an element at its peak)."""
     dims: dict[str, int] = {}
     for spec in inputs:
         arr = feeds.get(spec.name)
         if arr is not None and spec.shape and len(spec.shape) == arr.ndim:
             dims.update({d: n for d, n in zip(spec.shape, arr.shape) if isinstance(d, str)})
-    total = elements = 0
+    total = answer = 0
     for spec in outputs:
-        if names is not None and spec.name not in names or not spec.shape:
+        if request.outputs is not None and spec.name not in request.outputs or not spec.shape:
             continue
         count = 1
         for d in spec.shape:
             count *= d if isinstance(d, int) and d >= 0 else dims.get(d, 1) if isinstance(d, str) else 1
         total += count * spec.itemsize
-        elements += count
-    return total, elements
+        answer += count * spec.itemsize if v2 and request.wants_binary(spec.name) else count * ANSWER_TEXT
+    return total, answer
+
+
+def _working(terms: list[tuple[tuple[tuple[str, int], ...], int]], feeds: dict[str, np.ndarray]) -> int:
+    """The graph's intermediate tensors for these inputs (gpux.json's model.working_memory)."""
+    total = 0
+    for dims, n in terms:
+        for name, axis in dims:
+            arr = feeds.get(name)
+            n *= int(arr.shape[axis]) if arr is not None and axis < arr.ndim else 1
+        total += n
+    return total
 
 
 def _decode_npy(body: bytes, inputs: list[TensorSpec], budget: int) -> dict[str, np.ndarray]:

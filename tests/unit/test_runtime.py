@@ -598,7 +598,7 @@ def test_a_request_over_the_tensor_budget_is_413_before_converting(tmp_path):
         {"name": "features", "shape": [1000000, 4], "datatype": "FP32", "data": [1]}]})
     assert status == 413 and "GPUX_MAX_REQUEST_BYTES" in answer["error"]
     status, answer, _ = client.request("POST", "/predict", {"features": [[1, 2, 3, 4]] * 100})
-    assert status == 413 and "outputs they imply" in answer["error"]
+    assert status == 413 and "intermediate tensors and outputs they imply" in answer["error"]
 
 
 def test_cgroup_limits_size_threads_and_bodies(tmp_path):
