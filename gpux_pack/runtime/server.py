@@ -37,6 +37,10 @@ _V2_MODEL = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/
 JSON = b"application/json"
 BINARY_HEADER = b"inference-header-content-length"
 INLINE_BYTES = 64 * 1024  # JSON bodies up to this are parsed on the loop: a thread hop costs more
+REQUEST_OVERHEAD = 2 << 20  # what a request holds besides its body, tensors and answer, from arrival to
+                            # answer: asyncio's 256 KiB reads, the piece of the answer being written,
+                            # uvicorn's buffers, and the allocators' steps (Python takes memory 1 MiB at
+                            # a time); measured 1-2 MB more in a container than in process
 
 
 @dataclass
@@ -255,10 +259,10 @@ class App:
         if declared > limit:
             raise RequestError(f"request body of {declared} bytes exceeds the limit of {limit} "
                                "(GPUX_MAX_BODY_BYTES)", 413)  # fmt: skip
-        held = self.hold(declared)
+        held = self.hold(declared + REQUEST_OVERHEAD)
         try:
             body, extra = await self._read(receive, limit, declared)
-            held += self.hold(extra)
+            held += extra
             loop = asyncio.get_running_loop()
             self.scheduler.arrive(1)
             try:  # JSON tensors cost time in proportion: off the loop; a small or binary body: here
@@ -333,23 +337,47 @@ class App:
         if trim:
             _trim()
 
-    async def _read(self, receive: Receive, limit: int, declared: int) -> tuple[bytes, int]:
-        """The body, within the limit; (body, bytes beyond what was declared and held)."""
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise RequestError("client went away", 400)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                break
-        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), max(0, size - declared)
+    async def _read(self, receive: Receive, limit: int, declared: int) -> tuple[bytes | bytearray, int]:
+        """The body, within the limit; (body, the bytes beyond what was declared, held here as
+        they arrive). A body in several pieces is copied into one buffer of the declared length
+        as it comes, never joined from a list (which held it twice)."""
+        buffer: bytearray | None = None
+        chunks: list[bytes] = []
+        size = extra = 0
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise RequestError("client went away", 400)
+                chunk = message.get("body", b"")
+                more = message.get("more_body", False)
+                if size == 0 and not more:
+                    if len(chunk) > limit:
+                        raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
+                    return chunk, self.hold(max(0, len(chunk) - declared))  # the whole body at once: no copy
+                size += len(chunk)
+                if size > limit:
+                    raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
+                if size <= declared:
+                    if buffer is None:
+                        buffer = bytearray(declared)
+                    buffer[size - len(chunk): size] = chunk
+                else:  # undeclared (chunked) bytes: held as they come
+                    extra += self.hold(len(chunk))
+                    chunks.append(chunk)
+                if not more:
+                    break
+        except BaseException:
+            self.release(extra)
+            raise
+        if buffer is None:
+            return b"".join(chunks), extra
+        if chunks:  # more than declared: only a peer that ignores its own Content-Length
+            return bytes(buffer) + b"".join(chunks), extra
+        del buffer[size:]  # less than declared: what came
+        return buffer, extra
 
-    def _decode(self, body: bytes, headers: dict[bytes, bytes], v2: bool) -> tuple[dict[str, np.ndarray], V2Request, int]:
+    def _decode(self, body: bytes | bytearray, headers: dict[bytes, bytes], v2: bool) -> tuple[dict[str, np.ndarray], V2Request, int]:
         """In a codec thread: the body as feeds, checked against the per-request budget, and the
         bytes the rest of the request will hold (its tensors, the graph's intermediate tensors,
         the outputs and the answer).
@@ -403,7 +431,7 @@ class App:
         finally:
             self.release(held)
         outputs, answer = _output_size(model.inputs, model.outputs, feeds, request, v2)
-        needed = sum(a.nbytes for a in feeds.values()) + outputs + answer + _working(self.working, feeds)
+        needed = sum(a.nbytes for a in feeds.values()) + outputs + answer + _working(self.working, feeds) + REQUEST_OVERHEAD
         if needed > budget:
             hint = "ask for binary outputs or send fewer rows" if answer > outputs else "send fewer rows"
             raise RequestError(f"this request needs about {needed} bytes (its tensors, the model's intermediate "
@@ -543,11 +571,24 @@ def _decode_npy(body: bytes, inputs: list[TensorSpec], budget: int) -> dict[str,
     return {spec.name: arr}
 
 
+SEND_PIECE = 256 * 1024  # a larger answer goes out in pieces this large
+
+
 async def _send(send: Send, response: Response) -> None:
-    headers = [(b"content-type", response.content_type), (b"content-length", str(len(response.body)).encode()),
+    """The answer, a large one in pieces: uvicorn waits for the socket to drain between them, so
+    the transport never copies more than a piece of what the client has not read yet (given the
+    whole answer at once, it copied the rest of a 13 MB answer into its own buffer)."""
+    body = response.body
+    headers = [(b"content-type", response.content_type), (b"content-length", str(len(body)).encode()),
                *response.headers]  # fmt: skip
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    await send({"type": "http.response.body", "body": response.body})
+    if len(body) <= SEND_PIECE:
+        await send({"type": "http.response.body", "body": body})
+        return
+    view = memoryview(body)
+    for at in range(0, len(body), SEND_PIECE):
+        await send({"type": "http.response.body", "body": view[at: at + SEND_PIECE],
+                    "more_body": at + SEND_PIECE < len(body)})  # fmt: skip
 
 
 def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] | None = None) -> int:

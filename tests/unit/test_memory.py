@@ -15,7 +15,7 @@ import pytest
 
 from gpux_pack.runtime import tensors
 from gpux_pack.runtime.resources import Limits
-from gpux_pack.runtime.server import App
+from gpux_pack.runtime.server import REQUEST_OVERHEAD, SEND_PIECE, App
 from gpux_pack.runtime.session import Model
 from gpux_pack.runtime.settings import Settings
 from tests.unit.test_runtime import Client, reference, spec_dir
@@ -298,8 +298,39 @@ def test_a_binary_request_whose_model_tensors_exceed_the_budget_is_413_before_it
                          "parameters": {"binary_data_output": True}})  # fmt: skip
     status, answer, _ = client.request("POST", "/v2/models/iris-mlp/infer", head + x.tobytes(),
                                        [(b"inference-header-content-length", str(len(head)).encode())])  # fmt: skip
-    assert status == 413 and "about 25600000 bytes" in answer["error"], answer
+    assert status == 413 and f"about {25600000 + REQUEST_OVERHEAD} bytes" in answer["error"], answer
     small = head.replace(b"200000", b"20000").replace(str(x.nbytes).encode(), str(x[:20000].nbytes).encode())
     sent = client.raw("POST", "/v2/models/iris-mlp/infer", small + x[:20000].tobytes(),
                       [(b"inference-header-content-length", str(len(small)).encode())])  # fmt: skip
     assert sent[0]["status"] == 200 and client.app.in_flight_bytes == 0
+
+
+def _in_pieces(app, path: str, body: bytes, pieces: int, declared: bool) -> tuple[int, list[bytes]]:
+    """The body as uvicorn hands a large one over: several messages (Content-Length or chunked)."""
+    import asyncio
+
+    size = -(-len(body) // pieces)
+    messages = [{"type": "http.request", "body": body[i: i + size], "more_body": i + size < len(body)}
+                for i in range(0, len(body), size)]  # fmt: skip
+    headers = [(b"content-length", str(len(body)).encode())] if declared else []
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
+    sent: list[dict] = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], [bytes(m.get("body", b"")) for m in sent[1:]]
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_body_in_pieces_is_read_into_one_buffer_and_answered_as_in_one(mlp, declared):
+    x = _rows(20000)
+    body = orjson.dumps({"features": x.tolist()})
+    whole = mlp.raw("POST", "/predict", body)
+    status, answer = _in_pieces(mlp.app, "/predict", body, 7, declared)
+    assert status == 200 and b"".join(answer) == whole[1]["body"] and mlp.app.in_flight_bytes == 0
+    assert len(answer) > 1 and max(map(len, answer)) <= SEND_PIECE  # the answer goes out in pieces too

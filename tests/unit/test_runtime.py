@@ -64,7 +64,11 @@ class Client:
             return {"type": "http.request", "body": body, "more_body": False}
 
         async def send(message):
-            sent.append(message)
+            if message["type"] == "http.response.body" and len(sent) > 1:  # an answer sent in pieces: one
+                assert sent[-1]["more_body"], "a piece after the last"
+                sent[-1] = {**message, "body": bytes(sent[-1]["body"]) + bytes(message["body"])}
+            else:
+                sent.append(message)
 
         asyncio.run(self.app(scope, receive, send))
         return sent
