@@ -62,7 +62,8 @@ import orjson
 
 from gpux_pack.project.model import inspect_model
 from gpux_pack.runtime import tensors
-from gpux_pack.runtime.server import ANSWER_TEXT, REQUEST_OVERHEAD
+from gpux_pack.runtime.resources import REQUEST_OVERHEAD
+from gpux_pack.runtime.server import ANSWER_TEXT
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "gpux-bench/json-matrix:mlp"

@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from .metrics import Metrics, route
+from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from .session import AccuracyError, Model
 from .tensors import (JSON_FACTOR, RequestError, TensorSpec, V2Request, decode_predict, decode_v2, dumps, encode_predict,
@@ -36,11 +37,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 _V2_MODEL = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<rest>/ready|/infer)?$")
 JSON = b"application/json"
 BINARY_HEADER = b"inference-header-content-length"
-INLINE_BYTES = 64 * 1024  # JSON bodies up to this are parsed on the loop: a thread hop costs more
-REQUEST_OVERHEAD = 2 << 20  # what a request holds besides its body, tensors and answer, from arrival to
-                            # answer: asyncio's 256 KiB reads, the piece of the answer being written,
-                            # uvicorn's buffers, and the allocators' steps (Python takes memory 1 MiB at
-                            # a time); measured 1-2 MB more in a container than in process
 
 
 @dataclass
@@ -136,10 +132,9 @@ class App:
             response = await self._route(scope, receive)
         except RequestError as e:
             response, allow = _json(e.status, {"error": str(e)}), e.allow
-            if e.status in (503, 504):
-                self.metrics.refused.labels("timeout" if e.status == 504 else "busy").inc()
-                if e.status == 503:
-                    response.headers.append((b"retry-after", b"1"))
+            self.count_refusal(e)
+            if e.status == 503:
+                response.headers.append((b"retry-after", b"1"))
         except Exception as e:  # never let one request take the server down
             log.exception("unexpected error")
             response = _json(500, {"error": f"internal error: {type(e).__name__}: {e}"})
@@ -251,7 +246,8 @@ class App:
 
     async def _infer_request(self, scope: dict[str, Any], receive: Receive, v2: bool) -> Response:
         if not self.is_ready():
-            raise RequestError(f"the model is {self.state()}; retry when /v2/health/ready answers 200", 503)
+            raise RequestError(f"the model is {self.state()}; retry when /v2/health/ready answers 200", 503,
+                               refused="not_ready")
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length", b"")
         limit = self.model.settings.max_body_bytes
@@ -308,12 +304,16 @@ class App:
         finally:
             self.release(held)
 
+    def count_refusal(self, e: RequestError) -> None:
+        """gpux_refused_total, once per refused request (HTTP and gRPC alike)."""
+        if e.refused:
+            self.metrics.refused.labels(e.refused).inc()
+
     def hold(self, n: int) -> int:
         """Count n request bytes against what all requests in flight may hold; 503 past it."""
         with self._bytes_lock:
             if n and self.in_flight_bytes + n > self.model.settings.max_in_flight_bytes:
-                self.metrics.refused.labels("memory").inc()
-                raise RequestError("too many request bytes in flight; retry shortly", 503)
+                raise RequestError("too many request bytes in flight; retry shortly", 503, refused="memory")
             self.in_flight_bytes += n
         return n
 
@@ -321,10 +321,9 @@ class App:
         """Count what decoding a body will hold; a body that could never fit is 413, not an OOM."""
         limit = self.model.settings.max_in_flight_bytes
         if cost > limit:
-            self.metrics.refused.labels("memory").inc()
             raise RequestError(f"decoding this {size}-byte body would hold about {cost} bytes, more than this server "
                                f"may hold for requests ({limit}, half its memory); send the tensors as binary data "
-                               "(KServe v2 binary extension) or .npy", 413)  # fmt: skip
+                               "(KServe v2 binary extension) or .npy", 413, refused="memory")  # fmt: skip
         return self.hold(cost)
 
     def release(self, n: int) -> None:
@@ -334,8 +333,11 @@ class App:
             trim = self._large and self.in_flight_bytes == 0
             if trim:
                 self._large = False
-        if trim:
-            _trim()
+        if trim:  # malloc_trim walks every arena (tens of ms after a large request): never on the event loop
+            try:
+                self.codec.submit(_trim)
+            except RuntimeError:  # shutting down
+                pass
 
     async def _read(self, receive: Receive, limit: int, declared: int) -> tuple[bytes | bytearray, int]:
         """The body, within the limit; (body, the bytes beyond what was declared, held here as
@@ -430,6 +432,13 @@ class App:
                 request = V2Request()
         finally:
             self.release(held)
+        return feeds, request, self.request_bytes(feeds, request, v2)
+
+    def request_bytes(self, feeds: dict[str, np.ndarray], request: V2Request, v2: bool) -> int:
+        """What a decoded request holds until its answer is sent: its tensors, the graph's
+        intermediate tensors and the outputs they imply, the answer (JSON text, or the binary
+        outputs' bytes once more) and REQUEST_OVERHEAD; a 413 past GPUX_MAX_REQUEST_BYTES."""
+        model, budget = self.model, self.model.settings.max_request_bytes
         outputs, answer = _output_size(model.inputs, model.outputs, feeds, request, v2)
         needed = sum(a.nbytes for a in feeds.values()) + outputs + answer + _working(self.working, feeds) + REQUEST_OVERHEAD
         if needed > budget:
@@ -437,7 +446,7 @@ class App:
             raise RequestError(f"this request needs about {needed} bytes (its tensors, the model's intermediate "
                                f"tensors and outputs they imply, and the answer), more than this server's budget of "
                                f"{budget} bytes per request (GPUX_MAX_REQUEST_BYTES); {hint}", 413)  # fmt: skip
-        return feeds, request, needed
+        return needed
 
     async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
         timeout = self.model.settings.timeout

@@ -18,11 +18,14 @@ from .dtypes import BINARY_ONLY, DTYPES
 
 
 class RequestError(Exception):
-    """A client mistake: answered with `status` and {"error": message}."""
+    """A client mistake, or a request refused: answered with `status` and {"error": message}.
+    `refused`: the reason gpux_refused_total counts it under (503s are "busy" and 504s "timeout"
+    unless they say otherwise); counted once, where the answer is made."""
 
-    def __init__(self, message: str, status: int = 400, allow: str | None = None):
+    def __init__(self, message: str, status: int = 400, allow: str | None = None, refused: str | None = None):
         super().__init__(message)
         self.status, self.allow = status, allow
+        self.refused = refused or {503: "busy", 504: "timeout"}.get(status)
 
 
 def bf16_to_float32(bits: np.ndarray) -> np.ndarray:

@@ -15,7 +15,8 @@ import pytest
 
 from gpux_pack.runtime import tensors
 from gpux_pack.runtime.resources import Limits
-from gpux_pack.runtime.server import REQUEST_OVERHEAD, SEND_PIECE, App
+from gpux_pack.runtime.resources import REQUEST_OVERHEAD
+from gpux_pack.runtime.server import SEND_PIECE, App
 from gpux_pack.runtime.session import Model
 from gpux_pack.runtime.settings import Settings
 from tests.unit.test_runtime import Client, reference, spec_dir
@@ -87,6 +88,7 @@ def test_a_body_that_can_never_fit_is_413_and_one_that_does_not_fit_now_is_503(t
         assert status == 503 and headers[b"retry-after"] == b"1", answer
     finally:
         client.app.release(held)
+    assert client.app.metrics.refused.values == {"memory": 2}  # each refusal counted once, as memory
     assert client.request("POST", "/predict", numbers)[0] == 200 and client.app.in_flight_bytes == 0
 
 

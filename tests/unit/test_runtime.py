@@ -847,3 +847,27 @@ def test_gpux_threads_wins_and_info_says_why(tmp_path):
     status, info, _ = Client(app).request("GET", "/info")
     assert status == 200 and info["threads"] == app.model.threads and info["threads"]["intra_op"] == 1
     assert info["threads"]["chosen"] == "rule" and info["threads"]["why"].startswith("a run takes ")
+
+
+def test_grpc_charges_a_message_before_parsing_it_and_counts_one_refusal(tmp_path):
+    """The gRPC path reserved its budget only after the message was received and parsed: eight
+    6 MiB calls in a 256 MiB container were OOM-killed. Now the message's size is charged first,
+    and a full budget is UNAVAILABLE before any parsing, counted once, as memory."""
+    from gpux_pack.runtime.resources import Limits
+
+    folder = spec_dir(tmp_path, "mlp")
+    env = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache")}
+    app = App(Model.load(Settings.load(env, limits=Limits(1, 64 << 20, "cgroup"))), "test")  # 32 MiB in flight
+    app.start_warmup()
+    assert app.ready.wait(10)
+    big = _infer_request(x=np.ones((200_000, 4), np.float32))  # 3.2 MB: 3x that and 2 MiB charged to parse
+    held = app.hold(24 << 20)
+    try:
+        [(code, details)] = _grpc_calls(app, [("ModelInfer", big)])
+    finally:
+        app.release(held)
+    assert code == "UNAVAILABLE" and "in flight" in details, details
+    assert app.metrics.refused.values == {"memory": 1} and app.in_flight_bytes == 0
+    [(code, _)] = _grpc_calls(app, [("ModelInfer", _infer_request(x=np.ones((20_000, 4), np.float32)))])
+    assert code == "OK" and app.in_flight_bytes == 0
+
