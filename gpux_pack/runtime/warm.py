@@ -21,7 +21,9 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ log = logging.getLogger("gpux")
 BAKED_DIR = "/opt/gpux/warm"  # caches baked into the image by `gpux-pack warmup` (read-only)
 FALLBACK_DIR = "/tmp/gpux-cache"  # when GPUX_CACHE_DIR cannot be written (read-only root, no volume)
 RECORD = "warmup.json"
+MAX_RECORD = 4 << 20  # a record lists files: one this large was not written by a container
+STALE_AGE = 6 * 3600  # a temporary compile folder untouched this long belongs to a container that died
 CONTEXT_MODEL = "model_ctx.onnx"  # an EP context model in a key folder: loaded instead of the original
 FORMAT = 1
 PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's cache folder
@@ -228,20 +232,38 @@ def files_of(folder: Path) -> list[dict[str, Any]]:
     return out
 
 
-def sha256(path: Path) -> str:
+def sha256(path: Path, size: int | None = None) -> str:
+    """The file's digest; with `size`, reading at most that much (a cache file that grows, or a
+    link to /dev/zero, is not read for ever)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while piece := f.read(1 << 20):
+    with _open_regular(path) as f:
+        left = size if size is not None else sys.maxsize
+        while left > 0 and (piece := f.read(min(1 << 20, left))):
             h.update(piece)
+            left -= len(piece)
     return h.hexdigest()
 
 
+def _open_regular(path: Path) -> Any:
+    """The file, opened without waiting (a FIFO would block the open), if it is a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CacheError(f"{path.name} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
 def read_record(folder: Path) -> dict[str, Any]:
+    """The folder's record: a regular file of at most MAX_RECORD bytes holding a warmup record
+    (a FIFO there never answered a read, and 50 MB of JSON took a 256 MiB container down)."""
     try:
-        record = json.loads((folder / RECORD).read_bytes())
+        with _open_regular(folder / RECORD) as f:
+            if os.fstat(f.fileno()).st_size > MAX_RECORD:
+                raise CacheError(f"its {RECORD} is over {MAX_RECORD >> 20} MiB")
+            record = json.loads(f.read(MAX_RECORD + 1))
     except OSError as e:
         raise CacheError(f"cannot read its {RECORD}: {e.strerror or e}") from None
-    except ValueError:
+    except (ValueError, RecursionError):
         raise CacheError(f"its {RECORD} is not valid JSON") from None
     if not isinstance(record, dict) or not isinstance(record.get("parts"), dict) or not isinstance(
             record.get("files"), list):  # fmt: skip
@@ -260,10 +282,14 @@ def verify(folder: Path, parts: dict[str, Any]) -> dict[str, Any]:
         path = folder / rel
         if not rel or rel.startswith("/") or ".." in rel.split("/"):
             raise CacheError(f"its record names an unsafe path {rel!r}")
-        if not path.is_file():
-            raise CacheError(f"{rel} is missing")
-        if path.stat().st_size != entry.get("size") or sha256(path) != entry.get("sha256"):
-            raise CacheError(f"{rel} is corrupt (sha256 differs from the record)")
+        try:
+            if not path.is_file():
+                raise CacheError(f"{rel} is missing")
+            size = path.stat().st_size
+            if size != entry.get("size") or sha256(path, size) != entry.get("sha256"):
+                raise CacheError(f"{rel} is corrupt (sha256 differs from the record)")
+        except OSError as e:
+            raise CacheError(f"cannot read {rel}: {e.strerror or e}") from None
     return record
 
 
@@ -295,13 +321,13 @@ def choose(parts: dict[str, Any], cache_root: Path, baked_root: Path = Path(BAKE
     warnings: list[str] = []
     for root, source in ((baked_root, "baked"), (cache_root, "volume")):
         folder = root / key
-        if (folder / RECORD).is_file():
+        if os.path.lexists(folder):  # (lexists: an unreadable folder is there, and worth a warning)
             try:
                 return Cache(key, parts, folder, source, record=verify(folder, parts), warnings=warnings)
             except CacheError as e:
                 warnings.append(f"not using the {source} cache {folder}: {e}")
     if not warnings and baked_root.is_dir():  # a cache baked for another device or version
-        for other in sorted(p for p in baked_root.iterdir() if (p / RECORD).is_file()):
+        for other in sorted(p for p in baked_root.iterdir() if os.path.lexists(p / RECORD)):
             try:
                 differ = differences(read_record(other)["parts"], parts)
             except CacheError as e:
@@ -312,12 +338,57 @@ def choose(parts: dict[str, Any], cache_root: Path, baked_root: Path = Path(BAKE
 
 
 def fresh(parts: dict[str, Any], cache_root: Path, warnings: list[str] | None = None) -> Cache:
-    """A new private folder to compile into, published under the key by `publish`."""
+    """A new private folder to compile into, published under the key by `publish`; when no
+    folder can be written at all (a read-only root, no volume, no tmpfs at /tmp), none: the
+    provider compiles without a cache, and one warning says so."""
     key = digest(parts)
+    warnings = warnings or []
     root = writable_root(cache_root)
-    tmp = root / f".{key}.tmp-{os.getpid()}-{_token()}"
-    tmp.mkdir(parents=True)
-    return Cache(key, parts, tmp, "compiled", final=root / key, warnings=warnings or [])
+    if root is not None:
+        remove_stale(root)
+        tmp = root / f".{key}.tmp-{os.getpid()}-{_token()}"
+        try:
+            tmp.mkdir(parents=True)
+            return Cache(key, parts, tmp, "compiled", final=root / key, warnings=warnings)
+        except OSError as e:
+            warnings.append(f"cannot compile into {root} ({e.strerror or e}); serving without a cache")
+    else:
+        warnings.append(f"neither GPUX_CACHE_DIR ({cache_root}) nor {FALLBACK_DIR} can be written; serving "
+                        "without a cache (mount a volume there, or a tmpfs at /tmp)")
+    return Cache(key, parts, None, "none", warnings=warnings)
+
+
+def remove_stale(root: Path) -> None:
+    """What containers that died left in a cache root: folders set aside as corrupt (`.KEY.bad-*`)
+    and compile folders untouched for STALE_AGE (`.KEY.tmp-*`). Only this user's; never raises."""
+    import shutil
+
+    now = time.time()
+    try:
+        entries = [p for p in root.iterdir() if p.name.startswith(".") and (".bad-" in p.name or ".tmp-" in p.name)]
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            info = entry.lstat()
+            if info.st_uid != os.getuid():
+                continue
+            if ".tmp-" in entry.name and now - _newest(entry) < STALE_AGE:
+                continue  # a container compiling now
+            shutil.rmtree(entry) if stat.S_ISDIR(info.st_mode) else entry.unlink()
+        except OSError:
+            continue
+
+
+def _newest(folder: Path) -> float:
+    """The latest modification under a folder (a compile writes into subfolders for hours)."""
+    newest = folder.lstat().st_mtime
+    for path in folder.rglob("*"):
+        try:
+            newest = max(newest, path.lstat().st_mtime)
+        except OSError:
+            continue
+    return newest
 
 
 def _token() -> str:
@@ -325,18 +396,20 @@ def _token() -> str:
     return os.urandom(4).hex()
 
 
-def writable_root(cache_root: Path) -> Path:
-    try:
-        cache_root.mkdir(parents=True, exist_ok=True)
-        probe = cache_root / f".probe-{os.getpid()}-{_token()}"
-        probe.mkdir()
-        probe.rmdir()
-        return cache_root
-    except OSError as e:
-        log.info("GPUX_CACHE_DIR %s is not writable (%s); compiling into %s", cache_root, e.strerror or e,
-                 FALLBACK_DIR)  # fmt: skip
-        Path(FALLBACK_DIR).mkdir(parents=True, exist_ok=True)
-        return Path(FALLBACK_DIR)
+def writable_root(cache_root: Path) -> Path | None:
+    """GPUX_CACHE_DIR when this user can write there, else FALLBACK_DIR, else None."""
+    for root in (cache_root, Path(FALLBACK_DIR)):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            probe = root / f".probe-{os.getpid()}-{_token()}"
+            probe.mkdir()
+            probe.rmdir()
+            return root
+        except OSError as e:
+            if root == cache_root:
+                log.info("GPUX_CACHE_DIR %s is not writable (%s); compiling into %s", cache_root, e.strerror or e,
+                         FALLBACK_DIR)  # fmt: skip
+    return None
 
 
 def publish(cache: Cache, extra: dict[str, Any]) -> dict[str, Any]:

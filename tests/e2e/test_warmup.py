@@ -271,3 +271,25 @@ def test_a_baked_or_volume_cache_skips_the_compile(docker_client, tags, tmp_path
                                            remove=True)  # fmt: skip
     assert listing.decode().split() == []  # the baked start compiled nothing into its volume
     assert seconds["baked"] <= 0.6 * seconds["cold"] and seconds["volume"] <= 0.6 * seconds["cold"], seconds
+
+
+def test_a_volume_key_folder_the_server_cannot_read_is_one_warning_and_a_fresh_compile(mlp_image, docker_client,
+                                                                                      tmp_path):
+    """A volume whose key folder is root's and 0700: the server (uid 10001) exited 1 with a
+    PermissionError traceback; now the image's own runtime warns once and compiles afresh."""
+    parts = {"model_sha256": "ab" * 32, "provider": "OpenVINOExecutionProvider", "device": "cpu: test"}
+    key = warm.digest(parts)
+    volume = tmp_path / "volume"
+    (volume / key).mkdir(parents=True)
+    (volume / key / warm.RECORD).write_text("{}")
+    (volume / key).chmod(0o700)  # root's, as the tests run: uid 10001 cannot look inside
+    volume.chmod(0o777)
+    script = ("import json, pathlib\nfrom gpux_runtime import warm\n"
+              f"c = warm.choose(json.loads({json.dumps(json.dumps(parts))}), pathlib.Path('/cache'), pathlib.Path('/no'))\n"
+              "print(json.dumps([c.source, c.warnings, c.folder.parent.as_posix()]))\n")  # fmt: skip
+    out = docker_client.containers.run(mlp_image["tag"], ["-c", script], entrypoint=["python3"], remove=True,
+                                       volumes={str(volume): {"bind": "/cache", "mode": "rw"}}, read_only=True,
+                                       labels={"io.gpux.pack.role": "test"})  # fmt: skip
+    source, warnings, where = json.loads(out.decode().strip().splitlines()[-1])
+    assert (source, where) == ("compiled", "/cache") and len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"not using the volume cache /cache/{key}: ") and "Permission denied" in warnings[0]

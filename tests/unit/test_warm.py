@@ -8,6 +8,7 @@ import multiprocessing
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gpux_pack.runtime import warm
 
@@ -97,6 +98,71 @@ def test_an_unwritable_cache_dir_falls_back_to_tmp(tmp_path, monkeypatch):
     assert cache.source == "compiled" and cache.folder.parent == tmp_path / "fallback"
 
 
+def test_no_writable_folder_at_all_serves_without_a_cache_in_one_warning(tmp_path, monkeypatch):
+    """A read-only root with no tmpfs at /tmp was exit 1 with a traceback ("Read-only file system")."""
+    (tmp_path / "file").write_text("nothing can be made under a file, even as root")
+    monkeypatch.setattr(warm, "FALLBACK_DIR", str(tmp_path / "file" / "fallback"))
+    cache = warm.choose(parts(), tmp_path / "file" / "cache", tmp_path / "baked")
+    assert (cache.source, cache.folder) == ("none", None)
+    assert len(cache.warnings) == 1 and "serving without a cache" in cache.warnings[0]
+    assert warm.expand(OPTS, cache.folder) == {"device_type": "CPU"}  # the provider caches nowhere
+
+
+def _odd_record(folder: Path, kind: str) -> None:
+    folder.mkdir(parents=True)
+    record = folder / warm.RECORD
+    if kind == "fifo":
+        import os
+
+        os.mkfifo(record)
+    elif kind == "zero":
+        record.symlink_to("/dev/zero")
+    elif kind == "huge":
+        record.write_text('{"parts": {}, "files": [], "pad": "' + "x" * (50 << 20) + '"}')
+    elif kind == "deep":
+        record.write_text("[" * 100000)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "huge", "deep"])
+def test_an_odd_record_is_one_warning_and_a_fresh_compile_never_a_hang(tmp_path, kind):
+    """warmup.json as a FIFO or a link to /dev/zero: never ready; 50 MB of it: OOM at start."""
+    import threading
+
+    key = warm.digest(parts())
+    _odd_record(tmp_path / "cache" / key, kind)
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(warm.choose(parts(), tmp_path / "cache",
+                                                                           tmp_path / "baked")), daemon=True)  # fmt: skip
+    worker.start()
+    worker.join(20)
+    assert outcome, "choose did not return"
+    cache = outcome[0]
+    assert cache.source == "compiled" and len(cache.warnings) == 1, cache.warnings
+    assert cache.warnings[0].startswith(f"not using the volume cache {tmp_path / 'cache' / key}: ")
+    record = compile_into(cache)  # and publishing over the odd folder replaces it
+    assert warm.verify(tmp_path / "cache" / key, parts())["files"] == record["files"]
+
+
+def test_a_compile_leaves_no_stale_folders_behind_it(tmp_path):
+    """`.KEY.tmp-*` folders of containers killed mid-warmup and `.KEY.bad-*` ones were never
+    removed; a compile folder in use (touched within STALE_AGE) is left alone."""
+    import os
+    import time
+
+    root = tmp_path / "volume"
+    old, busy, bad = root / ".k.tmp-1-aaaa", root / ".k.tmp-2-bbbb", root / ".k.bad-cccc"
+    for folder in (old, busy, bad):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "blob").write_bytes(b"x")
+    past = time.time() - warm.STALE_AGE - 60
+    for path in (old, old / "sub", old / "sub" / "blob", bad, bad / "sub", bad / "sub" / "blob"):
+        os.utime(path, (past, past))
+    os.utime(busy, (past, past))  # only its file is recent: a compile writing into a subfolder
+    cache = warm.choose(parts(), root, tmp_path / "baked")
+    assert cache.source == "compiled"
+    assert {p.name for p in root.iterdir()} == {busy.name, cache.folder.name}
+
+
 def _warm_one(root: str, content: bytes) -> str:
     cache = warm.choose(parts(), Path(root), Path(root) / "no-baked")
     if cache.source == "compiled":  # else another process published first: found as "volume"
@@ -106,7 +172,7 @@ def _warm_one(root: str, content: bytes) -> str:
 
 def test_containers_warming_one_volume_at_once_all_end_with_a_valid_folder(tmp_path):
     root = tmp_path / "volume"
-    with multiprocessing.get_context("fork").Pool(6) as pool:
+    with multiprocessing.get_context("spawn").Pool(6) as pool:  # not fork: earlier tests leave threads running (servers, gRPC); a forked child can deadlock on a lock one held
         folders = pool.starmap(_warm_one, [(str(root), b"blob %d" % i) for i in range(12)])
     key = warm.digest(parts())
     assert set(folders) == {str(root / key)}
