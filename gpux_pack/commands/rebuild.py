@@ -10,8 +10,8 @@ when every input but the model is as recorded (the project folder's other files,
 lock, the base and runtime base images' ids) and the new model differs from the recorded one
 only in the values of its initializers: the same graph, names, types, shapes and byte
 lengths, so every check the full build makes on a model gives the same verdict. The image is
-then the recorded one with the model layer rewritten, the model's digest and size put in
-gpux.json and the labels, and a new creation time: byte for byte what the full build makes
+then the recorded one with the model layer rewritten, the model's digest put in gpux.json
+and the labels (its size is the recorded one, or the replay is no replay), and a new creation time: byte for byte what the full build makes
 (a test compares the two). Anything else, or anything unexpected, returns False and the full
 build runs. GPUX_PACK_REBUILD=0 turns it off.
 
@@ -28,6 +28,7 @@ import json
 import mmap
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -138,7 +139,7 @@ def structure(path: Path) -> str:
     """A digest of the model file with its initializers' values left out (their lengths kept):
     equal for two files that differ only in trained weights. Miss for external data."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise Miss("the model is empty")
@@ -168,14 +169,32 @@ def _digest_message(buf: Any, start: int, end: int, h: Any, depth: int) -> None:
             h.update(buf[value_start:value_end])
 
 
-def _sha256(path: Path) -> tuple[str, int]:
+def _open_regular(path: Path) -> Any:
+    """The file, opened without waiting (a FIFO would block the open) and only if it is a
+    regular file: a FIFO or a link to /dev/zero takes the full build, which says what is wrong.
+    Not through a symbolic link either: the recorded path is resolved, so a link there is new
+    (and a --contained build checks where links lead)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Miss("the model is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _sha256(path: Path, size: int) -> str:
+    """The model's digest, if it has the recorded size (new weights keep every length): at most
+    that many bytes are read, whatever the file does meanwhile."""
     h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
+    with _open_regular(path) as f:
+        if os.fstat(f.fileno()).st_size != size:
+            raise Miss("the model's size changed")
+        left = size
+        while left and (chunk := f.read(min(1 << 20, left))):
             h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
+            left -= len(chunk)
+    if left:
+        raise Miss("the model shrank while it was read")
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,9 +267,6 @@ def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: s
                 members.append(item)
             layers.append({"name": lay.name, "created_by": lay.created_by, "uname": lay.uname.decode(),
                            "members": members})  # fmt: skip
-        datas = [base64.b64decode(m["data"]) for lay in layers for m in lay["members"] if "data" in m]
-        if sum(d.count(f'"size_bytes": {model_size}'.encode()) for d in datas) != 1:
-            raise Miss("the model's size is not found once in gpux.json")
         doc = {
             "format": FORMAT, "version": __version__, "tag": loaded.tag, "provider": provider,
             "project": str(project_dir.resolve()), "files": _fingerprint(project_dir.resolve(), {model}),
@@ -290,8 +306,8 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float) -> str
         raise Miss("a project file changed")
     if _stat(doc["lock"][0]) != doc["lock"][1]:
         raise Miss("the wheel lock changed")
-    sha, size = _sha256(model)
-    old_sha, old_size = doc["model"]["sha256"], doc["model"]["size"]
+    old_sha = doc["model"]["sha256"]
+    sha = _sha256(model, doc["model"]["size"])  # the same structure is the same size: gpux.json's size_bytes stays
     if sha == old_sha or structure(model) != doc["model"]["structure"]:
         raise Miss("the model did not change, or not only in its weights")
     for ref, recorded in doc["images"].items():
@@ -308,7 +324,6 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float) -> str
             if "data" in m:
                 data = base64.b64decode(m["data"])
                 data = data.replace(old_sha.encode(), sha.encode())
-                data = data.replace(f'"size_bytes": {old_size}'.encode(), f'"size_bytes": {size}'.encode())
                 m["data"] = base64.b64encode(data).decode()
             members.append(layer_tar.Member(m["name"], m["mode"], m["mtime"], source=model if m.get("model") else None,
                                             data=data, uid=m["uid"], gid=m["gid"]))  # fmt: skip
@@ -332,7 +347,7 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float) -> str
     if status != 200:
         raise Miss("the engine did not keep the image")
     image = json.loads(body)
-    doc["model"].update(sha256=sha, size=size)
+    doc["model"]["sha256"] = sha
     doc["config"] = loaded_config.decode()
     staging.write_text(path, json.dumps(doc))
     seconds = time.perf_counter() - started

@@ -91,3 +91,43 @@ def test_version_and_rebuild_paths_import_no_heavy_library():
             "print(sorted(heavy))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "longer"])
+def test_the_replay_reads_only_a_regular_model_of_the_recorded_size(tmp_path, kind):
+    """The model swapped for a FIFO or a link to /dev/zero hung the replay for ever (its digest read
+    until the end); now it is a miss in no time, and the full build says what is wrong."""
+    import os
+    import threading
+
+    path = _model(tmp_path)
+    size = path.stat().st_size
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes(b"\0" * (size + 1))
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(_miss(lambda: rebuild._sha256(path, size))), daemon=True)
+    worker.start()
+    worker.join(10)
+    expected = {"fifo": "the model is not a regular file", "device": "a symbolic link", "longer": "the model's size changed"}
+    assert outcome == [expected[kind]], outcome
+    if kind != "longer":
+        assert _miss(lambda: rebuild.structure(path)) == expected[kind]
+
+
+def _miss(fn) -> str:
+    """What stopped the replay: a Miss, or the link it would not follow (replay takes any
+    OSError as a miss too)."""
+    import errno
+
+    try:
+        fn()
+    except rebuild.Miss as e:
+        return str(e)
+    except OSError as e:
+        return "a symbolic link" if e.errno == errno.ELOOP else str(e)
+    return "no miss"
