@@ -28,6 +28,7 @@ atomically, so replicas compiling at once do not corrupt it).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ class Subject:
     """What the manifests need to know about the image."""
 
     image: str  # name@sha256:...
-    name: str  # a DNS-1123 label for the deployment
+    name: str  # a DNS-1035 label for the deployment (object_name)
     provider: str
     device: str | None  # nvidia | amd | intel | None
     port: int
@@ -103,9 +104,24 @@ def subject(client: Any | None, ref: str) -> Subject:
     if pinned is None:
         raise UsageError(f"{ref} has no registry digest to pin: push it first (gpux-pack push {ref})")
     provider = providers.get(image.provider)
-    name = re.sub(r"[^a-z0-9-]+", "-", image.model_name.lower()).strip("-")[:50] or "model"
-    return Subject(pinned, name, provider.name, provider.device, image.port, image.grpc_port,
+    return Subject(pinned, object_name(image.model_name), provider.name, provider.device, image.port, image.grpc_port,
                    model_bytes(image.labels))
+
+
+NAME_MAX = 50  # KServe names a predictor's objects after the InferenceService, with suffixes, in 63
+
+
+def object_name(model_name: str) -> str:
+    """The Deployment's, Service's and InferenceService's name: a DNS-1035 label (a letter first,
+    letters, digits and dashes, an alphanumeric last) of at most NAME_MAX characters. A name cut
+    to fit ends with a hash of the whole one, so two long names that share a start stay two."""
+    name = re.sub(r"[^a-z0-9]+", "-", model_name.lower()).strip("-") or "model"
+    if not name[0].isalpha():
+        name = f"m-{name}"
+    if len(name) > NAME_MAX:
+        digest = hashlib.sha256(model_name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        name = f"{name[: NAME_MAX - len(digest) - 1].rstrip('-')}-{digest}"
+    return name
 
 
 def model_bytes(labels: dict[str, str]) -> int | None:
@@ -272,8 +288,11 @@ def _container(s: Subject, sc: Scaling, name: str, ports: list[dict[str, Any]]) 
     and limited alike (what the runtime sizes itself by) with the provider's device."""
     container: dict[str, Any] = {"name": name, "image": s.image, "ports": ports}
     container.update({
-        "startupProbe": _probe("/v2/health/ready", s.port, periodSeconds=2, failureThreshold=300),
-        "readinessProbe": _probe("/v2/health/ready", s.port, periodSeconds=5, failureThreshold=2),
+        # readiness stays 200 while the server refuses work for lack of room (503 + Retry-After):
+        # that is load shed per request, and turning every busy replica unready at once would send
+        # the load nowhere. It answers off the event loop's decoding work, so 2 s is plenty.
+        "startupProbe": _probe("/v2/health/ready", s.port, periodSeconds=2, timeoutSeconds=2, failureThreshold=300),
+        "readinessProbe": _probe("/v2/health/ready", s.port, periodSeconds=5, timeoutSeconds=2, failureThreshold=2),
         "livenessProbe": LIVENESS,
         "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},

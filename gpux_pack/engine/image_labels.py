@@ -10,6 +10,7 @@ from typing import Any
 
 from gpux_pack.engine import short_error
 from gpux_pack.errors import DockerError, UsageError
+from gpux_pack.providers import PROVIDERS
 from gpux_pack.reference import parse_reference
 
 REQUIRED = ("io.gpux.pack.version", "io.gpux.provider", "io.gpux.port")
@@ -67,9 +68,15 @@ def names_registry(ref: str) -> bool:
 
 
 def local(client: Any, ref: str, built_by_us: bool = True) -> GpuxImage | None:
-    """The engine's image and its labels, None when the engine has no such image."""
+    """The engine's image and its labels, None when the engine has no such image. A reference
+    that is no reference (`REL4/MLP`, `$(id)`, a line break) is one usage line, not the engine's
+    400 text."""
     import docker
 
+    try:
+        parse_reference(ref)
+    except ValueError as e:
+        raise UsageError(str(e)) from None  # it names the reference and what a reference looks like
     try:
         image = client.images.get(ref)
     except docker.errors.ImageNotFound:
@@ -100,7 +107,29 @@ def from_config(ref: str, config: dict[str, Any], config_digest: str, layers_byt
     return GpuxImage(ref, None, checked(ref, labels, built_by_us), config_digest, layers_bytes, pinned)
 
 
+MAX_MODEL_BYTES = 1 << 40  # 1 TiB: more than any model gpux-pack bakes; past it a label was made by hand
+
+
 def checked(ref: str, labels: dict[str, str], built_by_us: bool) -> dict[str, str]:
-    if built_by_us and (not all(labels.get(k) for k in REQUIRED) or not labels["io.gpux.port"].isdigit()):
+    """The labels, checked before any command uses them: an image whose labels were made or
+    changed by hand gets one line here, not a KeyError or a manifest Kubernetes refuses."""
+    if not built_by_us:
+        return labels
+    if not all(labels.get(k) for k in REQUIRED):
         raise UsageError(f"{ref}: not an image built by gpux-pack (no {' / '.join(REQUIRED)} labels)")
+
+    def bad(key: str, expected: str) -> UsageError:
+        return UsageError(f"{ref}: label {key}={labels[key][:40]!r} is not {expected}; not as gpux-pack built it")
+
+    if labels["io.gpux.provider"] not in PROVIDERS:
+        raise bad("io.gpux.provider", f"a provider ({', '.join(PROVIDERS)})")
+    for key in ("io.gpux.port", "io.gpux.grpc_port"):
+        value = labels.get(key)
+        if value is not None and (not value.isdigit() or not 1 <= int(value) <= 65535):
+            raise bad(key, "a port from 1 to 65535")
+    if labels.get("io.gpux.grpc_port") == labels["io.gpux.port"]:
+        raise bad("io.gpux.grpc_port", "a port other than the HTTP port")
+    size = labels.get("io.gpux.model.bytes")
+    if size is not None and (not size.isdigit() or int(size) > MAX_MODEL_BYTES):
+        raise bad("io.gpux.model.bytes", "a model's size in bytes (at most 1 TiB)")
     return labels

@@ -98,6 +98,18 @@ def test_labels_through_inspect(mlp_image):
     assert missing.returncode == 2 and "no such image" in missing.stderr
 
 
+@pytest.mark.parametrize("command", [["run"], ["inspect"], ["deploy", "--target", "compose"], ["warmup"]])
+def test_a_reference_that_is_no_reference_is_one_usage_line(command, tmp_path):
+    """`REL4/MLP`, `$(id)` or a line break reached the engine, whose raw "400 Client Error" text
+    ended the command with exit 1."""
+    for ref in ("REL4/MLP", "$(id)", "iris\nmlp"):
+        extra = ["--output", str(tmp_path)] if command[0] == "deploy" else []
+        proc = run_cli(command[0], ref, *command[1:], *extra)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (command, ref, proc.stderr)
+        assert "is not a valid image reference" in lines[0] and "400" not in lines[0], lines
+
+
 def test_sigterm_drains_and_exits_zero(mlp_image, docker_client):
     with serve(mlp_image["tag"]) as server:
         container = server.container.get_wrapped_container()

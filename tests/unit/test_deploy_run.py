@@ -111,6 +111,8 @@ def test_pod_is_locked_down_with_probes_and_grace(target):
         "startupProbe": {"path": "/v2/health/ready", "port": 8080},
         "readinessProbe": {"path": "/v2/health/ready", "port": 8080},
     }
+    # every probe says how long it waits (Kubernetes' default is 1 s, podman's 30 s)
+    assert [container[k].get("timeoutSeconds") for k in ("startupProbe", "readinessProbe", "livenessProbe")] == [2, 2, 5]
     # the image's own check, not httpGet: podman runs the liveness probe inside the container (curl)
     assert container["livenessProbe"]["exec"]["command"] == ["python3", "-m", "gpux_runtime", "healthcheck", "--live"]
     assert container["livenessProbe"]["initialDelaySeconds"] == HEALTH_START  # podman's start period
@@ -331,6 +333,24 @@ def test_scaled_manifests_validate_strictly(target, provider, device):
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
 
 
+@pytest.mark.parametrize("model_name", ["1mlp", "a" * 49 + "_b", "x" * 126, "Sentiment Analysis", "9", "---"])
+def test_every_valid_model_name_gives_object_names_kubernetes_and_kserve_accept(model_name):
+    """gpux.yml's name is free text; a Service and an InferenceService need a DNS-1035 label: a
+    letter first, no dash last, at most 63 (KServe's own suffixes leave 50). `1mlp` was kept as is,
+    and 51 characters were cut to one ending in a dash; schema tools never check names."""
+    import re
+
+    name = deploy.object_name(model_name)
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= deploy.NAME_MAX, name
+    s = deploy.Subject(IMAGE, name, "cpu", None, 8080, None, 269)
+    for target in ("kubernetes", "kserve"):
+        [text] = deploy.manifests(s, target, deploy.scaling(max_replicas=4)).values()
+        found = list(yaml.safe_load_all(text))
+        validate(found)
+        assert {d["metadata"]["name"] for d in found} == {name}
+    assert deploy.object_name("x" * 126) != deploy.object_name("x" * 125)  # a cut name keeps a hash of the whole
+
+
 def test_strict_validation_catches_a_typo_in_the_new_objects():
     _, _, hpa, budget, claim = deploy.kubernetes(subject(), deploy.scaling(max_replicas=4, cache_claim="c"))
     for doc, typo in ((hpa, "maxReplica"), (budget, "maxUnavailble"), (claim, "accesModes")):
@@ -379,6 +399,27 @@ def test_image_labels_parse():
     bare = image(**{"io.gpux.grpc_port": None, "io.gpux.model.name": None})
     assert (bare.grpc_port, bare.model_name) == (None, "model")
     assert image(**{"io.gpux.grpc_port": "x"}).grpc_port is None
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("io.gpux.provider", "quantum", "is not a provider"),
+    ("io.gpux.port", "0", "is not a port from 1 to 65535"),
+    ("io.gpux.port", "99999", "is not a port from 1 to 65535"),
+    ("io.gpux.grpc_port", "8080", "a port other than the HTTP port"),
+    ("io.gpux.grpc_port", "x", "is not a port"),
+    ("io.gpux.model.bytes", str(10 ** 20), "at most 1 TiB"),
+])  # fmt: skip
+def test_hand_made_labels_are_one_line_before_any_command_uses_them(key, value, words):
+    """An unknown provider was a KeyError in deploy; ports 0 or 99999, a gRPC port on the HTTP port
+    and a 1e20-byte model gave manifests Kubernetes refuses, with exit 0."""
+    from gpux_pack.engine.image_labels import checked
+
+    labels = {**LABELS, key: value}
+    assert checked("my-model:1", dict(LABELS), True) == LABELS
+    with pytest.raises(UsageError, match=words) as err:
+        checked("my-model:1", labels, True)
+    assert str(err.value).startswith(f"my-model:1: label {key}=") and "\n" not in str(err.value)
+    assert checked("my-model:1", labels, False) == labels  # what inspect shows of any image
 
 
 def test_cache_volume_name():
