@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpux_pack import staging
+from gpux_pack import engine, staging
 from gpux_pack.errors import UsageError
 from gpux_pack.staging import cache_dir
 
@@ -85,7 +85,8 @@ def parse_age(text: str) -> float:
 
 def prune(older_than: float) -> list[tuple[Path, int]]:
     """Remove entries last modified more than older_than seconds ago, and every leftover of a
-    killed process whatever its age; (path, bytes) of each."""
+    killed process whatever its age, the base exports' containers on the engine included (when
+    one answers); (path, bytes) of each file entry."""
     cutoff = time.time() - older_than
     removed = []
     for kind in kinds():
@@ -93,4 +94,7 @@ def prune(older_than: float) -> list[tuple[Path, int]]:
             bytes_ = size(entry)
             staging.remove(entry)
             removed.append((entry, bytes_))
+    client = engine.try_connect()
+    if client is not None:
+        engine.remove_leftovers(client, "export")
     return removed

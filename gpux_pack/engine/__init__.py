@@ -7,6 +7,7 @@ image built by gpux-pack says of itself)."""
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -19,6 +20,49 @@ from gpux_pack.runtime.warm import cpu_vendor
 # Every container the CLI creates carries this label, so a test (or a user) can check that
 # none is ever left behind: `docker ps -a --filter label=io.gpux.pack.role`.
 ROLE_LABEL = "io.gpux.pack.role"
+OWNER_LABEL = "io.gpux.pack.owner"  # host:pid of the gpux-pack that created it
+LEFTOVER_AGE = 3600  # a never-started container of ours this old is a leftover, whoever made it
+
+
+def container_labels(role: str) -> dict[str, str]:
+    return {ROLE_LABEL: role, OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
+
+
+def remove_leftovers(client: Any, role: str) -> int:
+    """Remove the containers of this role a killed or disconnected gpux-pack left behind: never
+    started, and made by a process of this host that has gone (or an hour ago, by any host: a
+    process on another host sharing the engine cannot be asked). A live build's are kept.
+    Never raises; how many went."""
+    from datetime import datetime, timezone
+
+    removed = 0
+    try:
+        found = client.containers.list(all=True, filters={"label": f"{ROLE_LABEL}={role}", "status": "created"})
+    except Exception:
+        return 0
+    now = datetime.now(timezone.utc)
+    for container in found:
+        try:
+            owner = (container.labels or {}).get(OWNER_LABEL, "")
+            host, _, pid = owner.rpartition(":")
+            created = datetime.fromisoformat(container.attrs["Created"][:19]).replace(tzinfo=timezone.utc)
+            gone = host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+            if gone or not owner or (now - created).total_seconds() > LEFTOVER_AGE:
+                container.remove(force=True)
+                removed += 1
+        except Exception:
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
 
 
 def connect() -> Any:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from gpux_pack import staging
-from gpux_pack.engine import ROLE_LABEL, base_image, remove_container, short_error
+from gpux_pack.engine import base_image, container_labels, remove_container, remove_leftovers, short_error
 from gpux_pack.errors import DockerError, PackError, UsageError
 from gpux_pack.providers import BaseImage
 from gpux_pack.runtime.linkcheck import MACHINES, TRIPLETS, ElfInfo, Tree, arch_of, system_dirs
@@ -100,9 +100,10 @@ def _export_to(client: Any, image: str, dest: Path) -> None:
     """Stream `docker export` of a created (never started) container through the filter."""
 
     container = None
+    remove_leftovers(client, "export")  # a killed build's, which would block `docker rmi` of its base
     try:
         container = client.containers.create(
-            image, entrypoint=["/nonexistent"], network_disabled=True, labels={ROLE_LABEL: "export"}
+            image, entrypoint=["/nonexistent"], network_disabled=True, labels=container_labels("export")
         )
         stream = io.BufferedReader(_Chunks(container.export(chunk_size=1 << 20)), buffer_size=1 << 20)
         with tarfile.open(fileobj=stream, mode="r|") as tar:

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import onnxruntime
 import pytest
 
+from gpux_pack import engine
 from gpux_pack.engine import rootfs
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import PROVIDERS
@@ -343,7 +344,8 @@ def test_export_of_the_debian_base(docker_client, cache):
     seconds = time.monotonic() - started
     image = docker_client.images.get(BASE_IMAGE)
     assert root == cache / "rootfs" / image.id.replace(":", "-")
-    assert len(created) == 1 and created[0][1]["labels"] == {ROLE: "export"}
+    assert len(created) == 1 and created[0][1]["labels"] == engine.container_labels("export")
+    assert created[0][1]["labels"][ROLE] == "export"
     assert created[0][1]["entrypoint"] == ["/nonexistent"] and created[0][1]["network_disabled"] is True
     assert _ours(docker_client) <= before  # removed
     assert rootfs.facts(root, image.attrs["Architecture"], BASE_IMAGE) == ("3.11", (2, 36), "x86_64")
@@ -384,6 +386,33 @@ def test_an_interrupted_export_leaves_nothing(docker_client, cache):
         rootfs.export(_Spy(docker_client, create), BASE_IMAGE)
     assert made and _ours(docker_client) <= before
     assert _entries(cache / "rootfs") == []  # neither a tree nor a half of one (the lock file stays)
+
+
+@pytest.mark.e2e
+def test_a_killed_builds_export_container_is_removed_by_the_next_export_and_by_prune(docker_client, cache):
+    """A build killed while it exported its base left a Created container that blocked `docker rmi`
+    of the base for good; the next export removes it (and `cache prune`), never a live build's."""
+    import socket
+
+    from gpux_pack.commands import cache as cache_command
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    owner = {"gone": f"{socket.gethostname()}:{dead.stdout.strip()}", "live": f"{socket.gethostname()}:{os.getpid()}"}
+    made = {k: docker_client.containers.create(BASE_IMAGE, entrypoint=["/nonexistent"], network_disabled=True,
+                                               labels={ROLE: "export", engine.OWNER_LABEL: v})
+            for k, v in owner.items()}  # fmt: skip
+    try:
+        rootfs.export(docker_client, BASE_IMAGE)
+        left = _ours(docker_client)
+        assert made["gone"].id not in left and made["live"].id in left
+        made["gone"] = docker_client.containers.create(BASE_IMAGE, entrypoint=["/nonexistent"], network_disabled=True,
+                                                       labels={ROLE: "export", engine.OWNER_LABEL: owner["gone"]})  # fmt: skip
+        cache_command.prune(30 * 86400)
+        left = _ours(docker_client)
+        assert made["gone"].id not in left and made["live"].id in left
+    finally:
+        for container in made.values():
+            engine.remove_container(container)
 
 
 @pytest.mark.e2e
