@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpux_pack import staging
-from gpux_pack.errors import DockerError
+from gpux_pack.errors import DockerError, PackError
 from gpux_pack.image import layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.image.context import MTIME, Context, Entry, layer, temporary_tar
@@ -181,10 +181,18 @@ def load(client: Any, images: list[Loadable]) -> str:
                 text += event.get("stream", "")
             else:
                 text += event.decode() if isinstance(event, bytes) else str(event)
-    except DockerError:
+    except PackError:  # DockerError too, and a file of the image that changed while it was read
         raise
     except Exception as e:
-        raise DockerError(f"the engine refused the assembled image: {str(e).splitlines()[0][:300]}") from None
+        import requests
+
+        first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        if isinstance(e, (requests.ConnectionError, ConnectionError)):  # the engine went away mid-load
+            raise DockerError(f"lost the Docker engine while loading the assembled image ({first}); no tag moved: "
+                              "check that the engine runs, then build again") from None  # fmt: skip
+        if isinstance(e, OSError) and not isinstance(e, requests.RequestException):  # this host's files
+            raise PackError(f"cannot read the assembled image's files: {e.strerror or first}") from None
+        raise DockerError(f"the engine refused the assembled image: {first}") from None
     last = images[-1]
     if last.tag:
         return client.images.get(last.tag).id

@@ -209,12 +209,26 @@ def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
 
 
 def write(ctx: Context, out: Path) -> None:
-    """Write the context to a folder: empty, missing, or an earlier gpux-pack context."""
-    if out.exists() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise UsageError(f"--output {out}: folder is not empty and was not written by gpux-pack")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    """Write the context to a folder: empty, missing, or an earlier gpux-pack context (replaced
+    whole). Never through a symbolic link: replacing its target would remove a folder elsewhere."""
+    if out.is_symlink():
+        raise UsageError(f"--output {out}: is a symbolic link; give the folder itself")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output {out}: is a file, not a folder")
+    try:
+        if out.exists() and any(out.iterdir()) and not (out / MARKER).is_file():
+            raise UsageError(f"--output {out}: folder is not empty and was not written by gpux-pack")
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        _write_into(ctx, out)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise UsageError(f"--output {out}: writing the context failed: {e.strerror or e}{where}") from None
+
+
+def _write_into(ctx: Context, out: Path) -> None:
+    """Every entry with its mode and the fixed time, folders first."""
     for name in ctx.dirs():
         (out / name).mkdir(exist_ok=True)
     for entry in ctx.entries:

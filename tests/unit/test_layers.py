@@ -83,3 +83,28 @@ def test_a_parents_history_keeps_one_entry_per_layer_even_of_size_0():
     written = json.loads(image.config_json())["history"]
     assert sum(not h.get("empty_layer") for h in written) == 4
     assert [h["created_by"] for h in written if not h.get("empty_layer")][-1].startswith("/bin/sh -c #(nop) ADD")
+
+
+def test_losing_the_engine_mid_load_says_so_and_a_refusal_says_refused():
+    """An engine gone while `docker load` read the archive was reported as "the engine refused the
+    assembled image"; what the user must do differs (start the engine, not fix the image)."""
+    import docker
+    import requests
+    from types import SimpleNamespace
+
+    from gpux_pack.errors import DockerError
+    from gpux_pack.image.archive import Loadable
+
+    def client(error: Exception) -> SimpleNamespace:
+        def load_image(data, quiet):
+            next(iter(data))  # the engine read a little of the archive, then this
+            raise error
+        return SimpleNamespace(api=SimpleNamespace(load_image=load_image))
+
+    image = Loadable("gpux-test/x:1", b"{}", [], [], 0)
+    for error, words in ((requests.ConnectionError("Connection aborted."), "lost the Docker engine while loading"),
+                         (BrokenPipeError(32, "Broken pipe"), "lost the Docker engine while loading"),
+                         (docker.errors.APIError("500 Server Error: invalid tar header"), "refused the assembled image")):
+        with pytest.raises(DockerError, match=words) as err:
+            assembler.load(client(error), [image])
+        assert "\n" not in str(err.value)

@@ -238,6 +238,29 @@ def test_write_refuses_foreign_folders(tmp_path):
         assert t.getnames() == ["opt", "opt/gpux", model, f"{model}/model.onnx"]
 
 
+def test_write_refuses_a_symbolic_link_or_a_file_in_one_line(tmp_path):
+    """`render --output` onto a link or a file ended in rmtree's or NotADirectory's traceback; a
+    link to an earlier render would have had its target replaced."""
+    from gpux_pack.errors import UsageError
+
+    plan = plan_for("cpu")
+    ctx = context.model_context(plan, _installed(plan, tmp_path), "FROM x\n")
+    earlier = tmp_path / "earlier"
+    context.write(ctx, earlier)
+    (tmp_path / "link").symlink_to(earlier)
+    (tmp_path / "file").write_text("not a folder")
+    for name, words in (("link", "is a symbolic link"), ("file", "is a file, not a folder")):
+        with pytest.raises(UsageError, match=words) as err:
+            context.write(ctx, tmp_path / name)
+        assert "\n" not in str(err.value)
+    assert (earlier / "Dockerfile").is_file() and (tmp_path / "file").read_text() == "not a folder"
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes anywhere
+        with pytest.raises(UsageError, match="writing the context failed"):
+            context.write(ctx, locked / "out")
+
+
 def test_target_tags():
     t = Target("3.11", "x86_64", (2, 36))
     assert t.uv_platform == "x86_64-manylinux_2_36"
