@@ -42,6 +42,8 @@ BaseOpt = typer.Option(None, "--base-image", help="Replace the provider's defaul
 PlatformOpt = typer.Option(None, "--platform", help="The image's platform, e.g. linux/amd64.")
 WarmupOpt = typer.Option(None, "--warmup", help="auto | always | never.")
 RefreshOpt = typer.Option(False, "--refresh", help="Re-resolve the image's wheels instead of reusing the cached lock.")
+ContainedOpt = typer.Option(False, "--contained", help="Read nothing outside the project folder (for projects "
+                            "you do not trust): gpux.yml and the model must resolve inside it.")
 
 
 def _version(value: bool) -> None:
@@ -91,6 +93,7 @@ def build_cmd(
     json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
     refresh: bool = RefreshOpt,
     push_: bool = typer.Option(False, "--push", help="Push every image built; their digests go in the summary."),
+    contained: bool = ContainedOpt,
 ) -> None:
     """Build the model's image(s) through the Docker engine."""
     from gpux_pack.commands import build
@@ -101,7 +104,7 @@ def build_cmd(
     options = _options(tag, bases.get(None), platforms[0], warmup)
     for name in platforms[1:] if platforms[0] else ():
         _options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
-    loaded, decision, client = build.start(path, provider, tag, engine.connect, ui)
+    loaded, decision, client = build.start(path, provider, tag, engine.connect, ui, contained)
     if tag and len(decision.providers) > 1 and "{provider}" not in tag:
         raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
     if (warmup or loaded.project.config.pack.warmup) != "never":  # a baked warmup wants the host's device
@@ -237,6 +240,7 @@ def plan_cmd(
     warmup: Optional[str] = WarmupOpt,
     offline: bool = typer.Option(False, "--offline", help="Use only cached locks; never the network."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    contained: bool = ContainedOpt,
 ) -> None:
     """Every decision a build would make (provider and why, base image and its facts, Python,
     the lock with download sizes, tag, warmup, runtime base reuse), downloading no wheel and
@@ -246,7 +250,7 @@ def plan_cmd(
 
     options = _options(tag, base_image, platform, warmup)
     ui = Reporter(quiet=True)
-    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui)
+    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui, contained)
     host = engine.host_info(client) if client is not None else None
     out = []
     for name in decision.providers:
@@ -600,6 +604,7 @@ def render_cmd(
     warmup: Optional[str] = WarmupOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     refresh: bool = RefreshOpt,
+    contained: bool = ContainedOpt,
 ) -> None:
     """Write the Dockerfile and the whole build context; `docker build DIR` gives the same image."""
     from gpux_pack.commands import build
@@ -609,7 +614,7 @@ def render_cmd(
     options = _options(tag, base_image, platform, warmup)
     if options.warmup == "always":
         raise typer.BadParameter("a baked warmup needs `gpux-pack build`", param_hint="--warmup")
-    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui)
+    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui, contained)
     if len(decision.providers) > 1:
         raise typer.BadParameter("render writes one context: give one provider", param_hint="--provider")
     prepared = build.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False,

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from gpux_pack import engine, providers, wheels
 from gpux_pack.commands import warmup
 from gpux_pack.engine import rootfs
-from gpux_pack.errors import PackError
+from gpux_pack.errors import PackError, UsageError
 from gpux_pack.image.context import Context, model_context, runtime_base_context
 from gpux_pack.image.dockerfile import dockerfile, runtime_base_dockerfile
 from gpux_pack.image.maker import Maker, OncePerTag, choose, model_job, runtime_base_job
@@ -56,10 +56,13 @@ class Made:
     pushed: Pushed | None
 
 
-def load(path: Path) -> Loaded:
-    """Config and model, checked against each other. No Docker, no network."""
+def load(path: Path, contained: bool = False) -> Loaded:
+    """Config and model, checked against each other. No Docker, no network. contained (or the
+    project's pack.contained): gpux.yml and the model must resolve inside the folder named."""
     project = load_project(path)
     model_path = project.model_path
+    if contained or project.config.pack.contained:
+        _contain(Path(path), project, model_path)
     try:
         os.stat(model_path)
     except FileNotFoundError:
@@ -72,6 +75,18 @@ def load(path: Path) -> Loaded:
         raise project.error(("model", "source"), f"is not a regular file (a FIFO or device?): {model_path}")
     model = inspect_model(model_path, _shown(model_path))
     return Loaded(project, model, reconcile(project, model))
+
+
+def _contain(path: Path, project: Project, model_path: Path) -> None:
+    """GPUX documents absolute model paths, so a build reads them by default; a contained one
+    refuses whatever resolves outside the project's folder (`..`, an absolute path, a symbolic
+    link out), before reading it. External data must lie in the model's own folder already."""
+    folder = Path(os.path.realpath(path if path.is_dir() else path.parent))
+    if not project.config_path.is_relative_to(folder):
+        raise UsageError(f"{_shown(path)}: gpux.yml resolves to {project.config_path}, outside {folder} (--contained)")
+    if not model_path.is_relative_to(folder):
+        raise project.error(("model", "source"), f"resolves to {model_path}, outside the project folder {folder} "
+                                                 "(--contained builds read nothing outside it)")  # fmt: skip
 
 
 def _shown(path: Path) -> str:
@@ -101,12 +116,12 @@ def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Rep
 
 
 def start(path: Path, provider_flag: str | None, tag: str | None, connect: Callable[[], Any],
-          ui: Reporter) -> tuple[Loaded, providers.Decision, Any]:
+          ui: Reporter, contained: bool = False) -> tuple[Loaded, providers.Decision, Any]:
     """What every command that starts from a project does first: load it, refuse a bad tag and a
     model the images' onnxruntime cannot load before asking Docker anything, then connect and
     choose the providers (asking the Docker host only for `auto`). Returns the client too."""
     cli = providers.parse_provider_list(provider_flag)
-    loaded = load(path)
+    loaded = load(path, contained)
     image_tag(loaded.project, "cpu", tag)
     check_model(loaded, cli)
     client = connect()

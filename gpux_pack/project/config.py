@@ -377,6 +377,11 @@ class PackSection(_Section):
     link_check: bool = Field(
         True, description="Check at build time that the provider's shared libraries resolve in the image"
     )
+    contained: bool = Field(
+        False, description="Read nothing outside the project's folder: gpux.yml, the model and its external data "
+        "must resolve inside it (a CI that builds projects it does not trust passes --contained instead: a project "
+        "cannot turn that off)",
+    )
     device_id: int = Field(0, ge=0, le=1023, description="GPU the CUDA/TensorRT/ROCm/MIGraphX provider uses")
     provider_options: dict[str, dict[str, Union[str, int, float, bool]]] = Field(
         {}, description="Extra ONNX Runtime provider options, by provider (cuda: {cudnn_conv_algo_search: HEURISTIC})"

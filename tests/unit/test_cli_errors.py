@@ -79,3 +79,39 @@ def test_unreachable_engine_is_one_line_exit_1():
 def test_version():
     proc = run_cli("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("gpux-pack ")
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "symlink", "symlinked gpux.yml"])
+def test_contained_builds_read_nothing_outside_the_project(tmp_path, where):
+    """GPUX documents absolute model paths, so a build reads them; a CI building projects it does
+    not trust passes --contained (or the project sets pack.contained): then `..`, an absolute
+    path or a link out of the folder is one line, exit 2, before anything is read or sent."""
+    outside, folder = tmp_path / "outside", tmp_path / "project"
+    outside.mkdir()
+    folder.mkdir()
+    (outside / "model.onnx").write_bytes(MLP_MODEL)
+    source = {"parent": "../outside/model.onnx", "absolute": str(outside / "model.onnx")}.get(where, "./model.onnx")
+    if where == "symlink":
+        (folder / "model.onnx").symlink_to(outside / "model.onnx")
+    if where == "symlinked gpux.yml":
+        (outside / "gpux.yml").write_text(GOOD)
+        (folder / "gpux.yml").symlink_to(outside / "gpux.yml")
+    else:
+        (folder / "gpux.yml").write_text(f"name: m\nmodel:\n  source: {source}\n")
+    loose = run_cli("build", str(folder), env=NO_DOCKER)
+    assert loose.returncode == 1 and "cannot reach the Docker engine" in loose.stderr  # read, then Docker
+    for args in (["--contained"], []):
+        if not args:  # the project's own switch
+            if where == "symlinked gpux.yml":
+                continue
+            (folder / "gpux.yml").write_text(f"name: m\nmodel:\n  source: {source}\npack:\n  contained: true\n")
+        proc = run_cli("build", str(folder), *args, env=NO_DOCKER)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert "outside" in lines[0] and "Traceback" not in proc.stderr, lines
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    (inside / "model.onnx").write_bytes(MLP_MODEL)
+    (inside / "gpux.yml").write_text(GOOD)
+    ok = run_cli("build", str(inside), "--contained", env=NO_DOCKER)
+    assert ok.returncode == 1 and "cannot reach the Docker engine" in ok.stderr
