@@ -262,14 +262,24 @@ async def start(app: Any, port: int, host: str) -> Any:
             response_serializer=None if method == "ModelInfer" else m[response].SerializeToString)  # infer: bytes
         for method, (request, response) in METHODS.items()
     }  # fmt: skip
-    limit = max(app.model.settings.max_body_bytes, 4 * 1024 * 1024)
+    calls, limit = call_limits(app.model.settings)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                      ("grpc.max_send_message_length", -1)])  # fmt: skip
+                                      ("grpc.max_send_message_length", -1)], maximum_concurrent_rpcs=calls)  # fmt: skip
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(f"{PACKAGE}.{SERVICE}", rpcs),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     server.add_insecure_port(address)
     await server.start()
     return server
+
+
+def call_limits(settings: Any) -> tuple[int, int]:
+    """(calls served at once, largest message). grpc reads a call's whole message before any
+    handler can refuse it, so the messages being read are bounded up front: as many calls as the
+    scheduler queues (more: RESOURCE_EXHAUSTED at once), each at most a share of half the
+    in-flight budget, and no larger than an HTTP body (eight 6 MiB calls at 256 MiB, read before
+    any was charged, were OOM-killed). 2 MiB at 128 MiB, 4 at 256, 16 at 1 GiB, 64 from 4 GiB."""
+    calls = settings.max_queue
+    return calls, max(1 << 20, min(settings.max_body_bytes, settings.max_in_flight_bytes // (2 * calls)))
 
 
 def parse(message: Any, method: str, raw: bytes) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import build_image, copy_example, free_port
 
 USER, PASSWORD = "gpux", "s3cret-pass"
 
@@ -129,3 +129,21 @@ def token_registry(tmp_path_factory):
     proc.terminate()
     proc.wait(timeout=10)
     server.shutdown()
+
+
+def _with_grpc(example: str, tmp_path: Path) -> Path:
+    project = copy_example(example, tmp_path)
+    text = (project / "gpux.yml").read_text()
+    if "\nserving:\n" in text:
+        text = text.replace("\nserving:\n", "\nserving:\n  grpc_port: 8001\n")
+    else:
+        text += "\nserving:\n  grpc_port: 8001\n"
+    (project / "gpux.yml").write_text(text)
+    return project
+
+
+@pytest.fixture(scope="session")
+def grpc_images(docker_client, tags, tmp_path_factory) -> dict:
+    """The examples with serving.grpc_port 8001, built once for every module that serves gRPC."""
+    return {example: build_image(_with_grpc(example, tmp_path_factory.mktemp(example)), tags(f"grpc-{example}:cpu"))
+            for example in ("mlp", "text-classifier", "strings")}  # fmt: skip

@@ -9,6 +9,7 @@ import json
 import socket
 import time
 
+import numpy as np
 import pytest
 import requests
 
@@ -95,3 +96,69 @@ def test_huge_and_unfinished_heads_are_closed_and_memory_stays_flat(mlp_image):
         after = _memory(container)
         assert after <= idle * 1.2, (idle, after)
         _alive(server)
+
+
+def _binary(rows: int) -> tuple[bytes, dict[str, str]]:
+    x = np.full((rows, 4), 0.5, np.float32)
+    head = json.dumps({"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}}],
+                       "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+    return head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))}
+
+
+def _grpc_raw(rows: int) -> bytes:
+    from gpux_pack.runtime import grpc_v2
+
+    request = grpc_v2.message_classes()["ModelInferRequest"](model_name="iris-mlp")
+    request.inputs.add(name="features", datatype="FP32", shape=[rows, 4])
+    request.raw_input_contents.append(np.full((rows, 4), 0.5, np.float32).tobytes())
+    return request.SerializeToString()
+
+
+@pytest.mark.parametrize("memory, big", [("128m", 6_400_000), ("256m", 6_400_000), ("512m", 25_600_000)])
+def test_parallel_and_sequential_requests_inside_the_limits_never_oom_kill(grpc_images, memory, big):
+    """The reporter's OOM kills, each under its own limits: at 128 MiB four parallel 6.4 MB binary
+    v2 requests (two answered, then exit 137), at 512 MiB ten of 25.6 MB, at 256 MiB eight 6 MiB
+    gRPC calls (grpc reads a message before any handler can refuse it: now at most 16 calls and
+    a 32nd of the in-flight budget each are read at once); JSON at the body limit in parallel too. Every answer is 200 (or OK), 413 or 503
+    (RESOURCE_EXHAUSTED, UNAVAILABLE): what does not fit is refused before it is held, counted
+    with its outputs, its answer and the model's own tensors. A request that fits is answered
+    after each burst, and the container is never killed."""
+    import grpc
+
+    limit = int(memory[:-1]) * MiB // 16  # the body limit
+    small, small_headers = _binary(4096)
+    bursts = {"binary": [_binary(big // 16)] * (10 if memory == "512m" else 4),
+              "json": [(_bodies(limit - 64)["v2"][1], {})] * 4}  # fmt: skip
+    with serve(grpc_images["mlp"]["tag"], extra_ports=(8001,), mem_limit=memory, **LOCKED) as server:
+        url = server.url + "/v2/models/iris-mlp/infer"
+        for name, requests_ in bursts.items():
+            for parallel in (True, False):
+                def send(item: tuple[bytes, dict[str, str]]) -> int:
+                    return requests.post(url, data=item[0], headers=item[1], timeout=120).status_code
+
+                with concurrent.futures.ThreadPoolExecutor(len(requests_) if parallel else 1) as pool:
+                    codes = list(pool.map(send, requests_))
+                assert set(codes) <= {200, 413, 503}, (name, parallel, codes)
+                _alive(server)
+                assert send((small, small_headers)) == 200
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.container.get_exposed_port(8001)}",
+                                        options=[("grpc.max_send_message_length", -1),
+                                                 ("grpc.max_receive_message_length", -1)])  # fmt: skip
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+        def call(raw: bytes) -> str:
+            try:
+                infer(raw, timeout=120)
+                return "OK"
+            except grpc.RpcError as e:
+                return e.code().name
+
+        largest = min(limit, int(memory[:-1]) * MiB // 64)  # grpc_v2.call_limits: a 32nd of the in-flight half
+        for size in (big, largest - 64 * 1024):  # the reporter's, and the largest message read
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                codes = list(pool.map(call, [_grpc_raw(size // 16)] * 8))
+            assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, (size, codes)
+            _alive(server)
+        assert call(_grpc_raw(4096)) == "OK"
+        channel.close()

@@ -15,7 +15,7 @@ import pytest
 import requests
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import EXAMPLES, build_image, copy_example, serve
+from tests.conftest import EXAMPLES, build_image, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -289,23 +289,6 @@ def test_sigterm_during_a_slow_request_finishes_it_and_exits_zero(tmp_path, tags
         logs = [json.loads(line) for line in lines if line.startswith("{")]
         assert logs and len(logs) == len(lines), lines[:5]  # every line one JSON object
         assert any(entry.get("path") == "/predict" and entry.get("status") == 200 for entry in logs)
-
-
-def _with_grpc(example: str, tmp_path):
-    project = copy_example(example, tmp_path)
-    text = (project / "gpux.yml").read_text()
-    if "\nserving:\n" in text:
-        text = text.replace("\nserving:\n", "\nserving:\n  grpc_port: 8001\n")
-    else:
-        text += "\nserving:\n  grpc_port: 8001\n"
-    (project / "gpux.yml").write_text(text)
-    return project
-
-
-@pytest.fixture(scope="module")
-def grpc_images(docker_client, tags, tmp_path_factory):
-    return {example: build_image(_with_grpc(example, tmp_path_factory.mktemp(example)), tags(f"grpc-{example}:cpu"))
-            for example in CASES}  # fmt: skip
 
 
 def test_grpc_is_off_by_default_and_adds_only_grpcio_when_on(mlp_image, grpc_images, docker_client):

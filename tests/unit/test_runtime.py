@@ -857,11 +857,11 @@ def test_grpc_charges_a_message_before_parsing_it_and_counts_one_refusal(tmp_pat
 
     folder = spec_dir(tmp_path, "mlp")
     env = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache")}
-    app = App(Model.load(Settings.load(env, limits=Limits(1, 64 << 20, "cgroup"))), "test")  # 32 MiB in flight
+    app = App(Model.load(Settings.load(env, limits=Limits(1, 256 << 20, "cgroup"))), "test")  # 128 MiB in flight
     app.start_warmup()
     assert app.ready.wait(10)
     big = _infer_request(x=np.ones((200_000, 4), np.float32))  # 3.2 MB: 3x that and 2 MiB charged to parse
-    held = app.hold(24 << 20)
+    held = app.hold(120 << 20)
     try:
         [(code, details)] = _grpc_calls(app, [("ModelInfer", big)])
     finally:
@@ -871,3 +871,19 @@ def test_grpc_charges_a_message_before_parsing_it_and_counts_one_refusal(tmp_pat
     [(code, _)] = _grpc_calls(app, [("ModelInfer", _infer_request(x=np.ones((20_000, 4), np.float32)))])
     assert code == "OK" and app.in_flight_bytes == 0
 
+
+
+def test_grpc_reads_a_bounded_number_and_size_of_messages_at_once():
+    """grpc reads a call's whole message before a handler can refuse it: what it may read at once
+    is bounded up front, from the container's memory (16 calls, each a 32nd of the in-flight half)."""
+    from types import SimpleNamespace
+
+    from gpux_pack.runtime import grpc_v2, resources
+
+    def limits(mib: int) -> tuple[int, int]:
+        lim = resources.Limits(2, mib << 20, "cgroup")
+        return grpc_v2.call_limits(SimpleNamespace(max_queue=16, max_body_bytes=resources.default_body_bytes(lim),
+                                                   max_in_flight_bytes=resources.default_in_flight_bytes(lim)))  # fmt: skip
+
+    assert [limits(m) for m in (128, 256, 1024, 4096, 16384)] == [
+        (16, 2 << 20), (16, 4 << 20), (16, 16 << 20), (16, 64 << 20), (16, 64 << 20)]
