@@ -156,9 +156,10 @@ def test_parallel_and_sequential_requests_inside_the_limits_never_oom_kill(grpc_
 
         largest = min(limit, int(memory[:-1]) * MiB // 64)  # grpc_v2.call_limits: a 32nd of the in-flight half
         for size in (big, largest - 64 * 1024):  # the reporter's, and the largest message read
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                codes = list(pool.map(call, [_grpc_raw(size // 16)] * 8))
-            assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, (size, codes)
-            _alive(server)
+            for parallel in (8, 1):
+                with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+                    codes = list(pool.map(call, [_grpc_raw(size // 16)] * 8))
+                assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, (size, parallel, codes)
+                _alive(server)
         assert call(_grpc_raw(4096)) == "OK"
         channel.close()
