@@ -51,7 +51,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -60,6 +59,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
+import serve_bench  # bench/: its container start and load generator
 from gpux_pack.project.model import inspect_model
 from gpux_pack.runtime import tensors
 from gpux_pack.runtime.resources import REQUEST_OVERHEAD
@@ -70,7 +70,6 @@ TAG = "gpux-bench/json-matrix:mlp"
 MiB = 1024 * 1024
 SIZES = [("1 KB", 1000), ("64 KB", 64_000), ("255 KB", 255_000), ("1 MB", 1_000_000), ("4 MB", 4_000_000),
          ("16 MiB", 16 * MiB)]  # fmt: skip
-INFER = "/v2/models/iris-mlp/infer"
 WORKING = inspect_model(ROOT / "examples/mlp/model.onnx").working_memory  # (((features, 0),), 128)
 
 
@@ -82,18 +81,7 @@ def rows_for(size: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def cases_for(x: np.ndarray) -> dict[str, tuple[str, bytes, dict[str, str]]]:
-    predict = json.dumps({"features": x.tolist()}).encode()
-    v2 = json.dumps({"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32",
-                                 "data": x.ravel().tolist()}]}).encode()  # fmt: skip
-    head = json.dumps({"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32",
-                                   "parameters": {"binary_data_size": x.nbytes}}],
-                       "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
-    return {
-        "/predict JSON": ("/predict", predict, {"Content-Type": "application/json"}),
-        "v2 JSON": (INFER, v2, {"Content-Type": "application/json"}),
-        "v2 binary": (INFER, head + x.tobytes(), {"Content-Type": "application/octet-stream",
-                                                  "Inference-Header-Content-Length": str(len(head))}),
-    }  # fmt: skip
+    return serve_bench.bodies(x, "features", "iris-mlp")
 
 
 def charge(name: str, body: bytes, rows: int) -> int:
@@ -225,64 +213,16 @@ def one_connection(port: int, path: str, body: bytes, headers: dict[str, str], s
     return sorted(latencies), answer, sorted(peaks)
 
 
-WRK_SCRIPT = """
-local f = assert(io.open(os.getenv("GPUX_BODY"), "rb"))
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = os.getenv("GPUX_CONTENT_TYPE")
-local head = os.getenv("GPUX_HEADER_LENGTH")
-if head ~= nil and head ~= "" then wrk.headers["Inference-Header-Content-Length"] = head end
-function done(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format('{"requests": %d, "us": %d, "non2xx": %d, "socket": %d}\\n',
-    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout))
-end
-"""
-
-
 def throughput(port: int, path: str, body: bytes, headers: dict[str, str], seconds: float) -> float:
-    """Requests per second over 8 keep-alive connections."""
-    if shutil.which("wrk") is None:
-        from gpux_pack.commands.bench import load_test
-
-        _, rps = load_test(f"http://127.0.0.1:{port}", path, body, headers, 8 * 10, 8)
-        return rps
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "body").write_bytes(body)
-        (Path(tmp) / "bench.lua").write_text(WRK_SCRIPT)
-        env = {**os.environ, "GPUX_BODY": str(Path(tmp) / "body"), "GPUX_CONTENT_TYPE": headers["Content-Type"],
-               "GPUX_HEADER_LENGTH": headers.get("Inference-Header-Content-Length", "")}  # fmt: skip
-        proc = subprocess.run(["wrk", "-t1", "-c8", f"-d{max(1, round(seconds))}s", "--timeout", "60s", "-s",
-                               str(Path(tmp) / "bench.lua"), f"http://127.0.0.1:{port}{path}"],
-                              capture_output=True, text=True, env=env)  # fmt: skip
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("{")), None)
-    if proc.returncode or line is None:
-        sys.exit(f"wrk failed:\n{proc.stdout[-1000:]}\n{proc.stderr[-1000:]}")
-    r = json.loads(line)
-    if r["non2xx"] or r["socket"]:
-        sys.exit(f"wrk saw {r['non2xx']} non-2xx answers and {r['socket']} socket errors on {path} "
-                 f"({len(body)} bytes)")  # fmt: skip
-    return r["requests"] / (r["us"] / 1e6)
+    """Requests per second over 8 keep-alive connections for about `seconds` (serve_bench's load:
+    wrk when installed, else its Python client)."""
+    client = "wrk" if shutil.which("wrk") else "python"
+    return serve_bench.load(port, path, body, headers, 8, max(80, int(400 * seconds)), client)["rps"]
 
 
 def start(client, memory: str):
-    container = client.containers.run(TAG, detach=True, ports={"8080/tcp": ("127.0.0.1", None)}, mem_limit=memory,
-                                      read_only=True, tmpfs={"/tmp": ""}, labels={"io.gpux.pack.role": "bench"})  # fmt: skip
-    container.reload()
-    port = int(container.attrs["NetworkSettings"]["Ports"]["8080/tcp"][0]["HostPort"])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/v2/health/ready")
-            if conn.getresponse().status == 200:
-                return container, port
-        except OSError:
-            pass
-        time.sleep(0.05)
-    container.remove(force=True)
-    sys.exit(f"{TAG} never became ready")
+    container, port = serve_bench.start(client, TAG, mem_limit=memory, read_only=True, tmpfs={"/tmp": ""})
+    return container, port
 
 
 def session_run_ms(x: np.ndarray, runs: int = 50) -> float:

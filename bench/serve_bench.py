@@ -86,17 +86,20 @@ def build(path: Path, base: str, tag: str) -> None:
         sys.exit(f"build failed:\n{proc.stderr[-2000:]}")
 
 
-def bodies(x: np.ndarray) -> dict[str, tuple[str, bytes, dict[str, str]]]:
-    predict = json.dumps({"x": x.tolist()}).encode()
-    v2_json = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+def bodies(x: np.ndarray, name: str = "x", model: str = "conv") -> dict[str, tuple[str, bytes, dict[str, str]]]:
+    """The same tensor three ways: /predict JSON, v2 JSON, v2 binary (in and out); JSON written by
+    the stdlib, as a Python client writes it."""
+    predict = json.dumps({name: x.tolist()}).encode()
+    v2_json = json.dumps({"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
                                       "data": x.ravel().tolist()}]}).encode()  # fmt: skip
-    head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+    head = json.dumps({"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
                                    "parameters": {"binary_data_size": x.nbytes}}],
                        "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+    infer = f"/v2/models/{model}/infer"
     return {
         "/predict JSON": ("/predict", predict, {"Content-Type": "application/json"}),
-        "v2 JSON": ("/v2/models/conv/infer", v2_json, {"Content-Type": "application/json"}),
-        "v2 binary": ("/v2/models/conv/infer", head + x.tobytes(),
+        "v2 JSON": (infer, v2_json, {"Content-Type": "application/json"}),
+        "v2 binary": (infer, head + x.tobytes(),
                       {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}),
     }  # fmt: skip
 
@@ -140,8 +143,9 @@ def _wrk(port: int, path: str, body: bytes, headers: dict[str, str], concurrency
         env = {**os.environ, "GPUX_BODY": str(Path(tmp) / "body"), "GPUX_CONTENT_TYPE": headers["Content-Type"],
                "GPUX_HEADER_LENGTH": headers.get("Inference-Header-Content-Length", "")}  # fmt: skip
         seconds = max(2, min(10, total // 400))  # wrk runs for a time, not a count
-        proc = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "-s", str(Path(tmp) / "bench.lua"),
-                               f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True, env=env)  # fmt: skip
+        proc = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "60s",
+                               "-s", str(Path(tmp) / "bench.lua"), f"http://127.0.0.1:{port}{path}"],
+                              capture_output=True, text=True, env=env)  # fmt: skip
     line = next((x for x in proc.stdout.splitlines() if x.startswith("{")), None)
     if proc.returncode or line is None:
         sys.exit(f"wrk failed:\n{proc.stdout[-1000:]}\n{proc.stderr[-1000:]}")
@@ -151,9 +155,11 @@ def _wrk(port: int, path: str, body: bytes, headers: dict[str, str], concurrency
     return {"p50_ms": r["p50_us"] / 1000, "p99_ms": r["p99_us"] / 1000, "rps": r["requests"] / (r["us"] / 1e6)}
 
 
-def start(client, tag: str) -> tuple[object, int]:
+def start(client, tag: str, **run_options) -> tuple[object, int]:
+    """The image in a container published on 127.0.0.1 (run_options: the SDK's, e.g. mem_limit),
+    once it is ready; (container, port)."""
     container = client.containers.run(tag, detach=True, ports={"8080/tcp": ("127.0.0.1", None)},
-                                      labels={"io.gpux.pack.role": "bench"})  # fmt: skip
+                                      labels={"io.gpux.pack.role": "bench"}, **run_options)  # fmt: skip
     container.reload()
     port = int(container.attrs["NetworkSettings"]["Ports"]["8080/tcp"][0]["HostPort"])
     deadline = time.monotonic() + 60

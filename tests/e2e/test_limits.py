@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.e2e.test_serving import _memory
+from tests.e2e.test_serving import _grpc_infer_bytes, _memory, grpc_infer
 from tests.conftest import serve
 
 pytestmark = pytest.mark.e2e
@@ -106,26 +106,15 @@ def _binary(rows: int) -> tuple[bytes, dict[str, str]]:
     return head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))}
 
 
-def _grpc_raw(rows: int) -> bytes:
-    from gpux_pack.runtime import grpc_v2
-
-    request = grpc_v2.message_classes()["ModelInferRequest"](model_name="iris-mlp")
-    request.inputs.add(name="features", datatype="FP32", shape=[rows, 4])
-    request.raw_input_contents.append(np.full((rows, 4), 0.5, np.float32).tobytes())
-    return request.SerializeToString()
-
-
 @pytest.mark.parametrize("memory, big", [("128m", 6_400_000), ("256m", 6_400_000), ("512m", 25_600_000)])
 def test_parallel_and_sequential_requests_inside_the_limits_never_oom_kill(grpc_images, memory, big):
     """The reporter's OOM kills, each under its own limits: at 128 MiB four parallel 6.4 MB binary
     v2 requests (two answered, then exit 137), at 512 MiB ten of 25.6 MB, at 256 MiB eight 6 MiB
     gRPC calls (grpc reads a message before any handler can refuse it: now at most 16 calls and
-    a 32nd of the in-flight budget each are read at once); JSON at the body limit in parallel too. Every answer is 200 (or OK), 413 or 503
-    (RESOURCE_EXHAUSTED, UNAVAILABLE): what does not fit is refused before it is held, counted
-    with its outputs, its answer and the model's own tensors. A request that fits is answered
-    after each burst, and the container is never killed."""
-    import grpc
-
+    a 32nd of the in-flight budget each are read at once); JSON at the body limit in parallel
+    too. Every answer is 200 (or OK), 413 or 503 (RESOURCE_EXHAUSTED, UNAVAILABLE): what does not
+    fit is refused before it is held, counted with its outputs, its answer and the model's own
+    tensors. A request that fits is answered after each burst, and the container is never killed."""
     limit = int(memory[:-1]) * MiB // 16  # the body limit
     small, small_headers = _binary(4096)
     bursts = {"binary": [_binary(big // 16)] * (10 if memory == "512m" else 4),
@@ -142,24 +131,12 @@ def test_parallel_and_sequential_requests_inside_the_limits_never_oom_kill(grpc_
                 assert set(codes) <= {200, 413, 503}, (name, parallel, codes)
                 _alive(server)
                 assert send((small, small_headers)) == 200
-        channel = grpc.insecure_channel(f"127.0.0.1:{server.container.get_exposed_port(8001)}",
-                                        options=[("grpc.max_send_message_length", -1),
-                                                 ("grpc.max_receive_message_length", -1)])  # fmt: skip
-        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-
-        def call(raw: bytes) -> str:
-            try:
-                infer(raw, timeout=120)
-                return "OK"
-            except grpc.RpcError as e:
-                return e.code().name
-
         largest = min(limit, int(memory[:-1]) * MiB // 64)  # grpc_v2.call_limits: a 32nd of the in-flight half
-        for size in (big, largest - 64 * 1024):  # the reporter's, and the largest message read
-            for parallel in (8, 1):
-                with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-                    codes = list(pool.map(call, [_grpc_raw(size // 16)] * 8))
-                assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, (size, parallel, codes)
-                _alive(server)
-        assert call(_grpc_raw(4096)) == "OK"
-        channel.close()
+        with grpc_infer(server) as call:
+            for size in (big, largest - 64 * 1024):  # the reporter's, and the largest message read
+                for parallel in (8, 1):
+                    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+                        codes = list(pool.map(call, [_grpc_infer_bytes(False, size)] * 8))
+                    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, (size, parallel, codes)
+                    _alive(server)
+            assert call(_grpc_infer_bytes(False, 4096 * 16)) == "OK"

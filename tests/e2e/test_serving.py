@@ -4,6 +4,7 @@ resources under large and hostile requests, metrics, JSON logs and the SIGTERM d
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import threading
 import time
@@ -318,31 +319,41 @@ def _grpc_infer_bytes(typed: bool, size: int) -> bytes:
     return request.SerializeToString()
 
 
-def _eight_calls(server, raw: bytes) -> tuple[list[str], list[float]]:
-    """Eight concurrent ModelInfer calls; readiness polled over HTTP meanwhile: (codes, waits)."""
+@contextlib.contextmanager
+def grpc_infer(server):
+    """ModelInfer over a channel to the container: a function of the message's bytes giving the
+    status code's name ("OK" when answered)."""
     import grpc
 
     channel = grpc.insecure_channel(f"127.0.0.1:{server.container.get_exposed_port(8001)}",
-                                    options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])  # fmt: skip
+                                    options=[("grpc.max_send_message_length", -1),
+                                             ("grpc.max_receive_message_length", -1)])  # fmt: skip
     infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
 
-    def call(_: int) -> str:
+    def call(raw: bytes) -> str:
         try:
             infer(raw, timeout=120)
             return "OK"
         except grpc.RpcError as e:
             return e.code().name
 
+    try:
+        yield call
+    finally:
+        channel.close()
+
+
+def _eight_calls(server, raw: bytes) -> tuple[list[str], list[float]]:
+    """Eight concurrent ModelInfer calls; readiness polled over HTTP meanwhile: (codes, waits)."""
     waits = []
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        calls = [pool.submit(call, i) for i in range(8)]
+    with grpc_infer(server) as call, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        calls = [pool.submit(call, raw) for _ in range(8)]
         while not all(c.done() for c in calls):
             started = time.perf_counter()
             assert server.get("/v2/health/ready").status_code == 200
             waits.append(time.perf_counter() - started)
             time.sleep(0.02)
         codes = [c.result() for c in calls]
-    channel.close()
     container = server.container.get_wrapped_container()
     container.reload()
     assert container.status == "running" and not container.attrs["State"]["OOMKilled"], container.attrs["State"]
