@@ -274,12 +274,14 @@ async def start(app: Any, port: int, host: str) -> Any:
 
 def call_limits(settings: Any) -> tuple[int, int]:
     """(calls served at once, largest message). grpc reads a call's whole message before any
-    handler can refuse it, so the messages being read are bounded up front: as many calls as the
-    scheduler queues (more: RESOURCE_EXHAUSTED at once), each at most a share of half the
-    in-flight budget, and no larger than an HTTP body (eight 6 MiB calls at 256 MiB, read before
-    any was charged, were OOM-killed). 2 MiB at 128 MiB, 4 at 256, 16 at 1 GiB, 64 from 4 GiB."""
+    handler can refuse it, and a message is then held about four times (grpc's buffer, its bytes,
+    parsed, its tensors), so what the calls being read hold is bounded up front, within the
+    in-flight budget: as many calls as the scheduler queues (more: RESOURCE_EXHAUSTED at once),
+    each a message of at most a quarter of their share, and no larger than an HTTP body (eight
+    6 MiB calls at 256 MiB, read before any was charged, were OOM-killed). 1 MiB at 128 MiB, 2 at
+    256, 8 at 1 GiB, 32 at 4 GiB, 64 from 8 GiB."""
     calls = settings.max_queue
-    return calls, max(1 << 20, min(settings.max_body_bytes, settings.max_in_flight_bytes // (2 * calls)))
+    return calls, max(1 << 20, min(settings.max_body_bytes, settings.max_in_flight_bytes // (4 * calls)))
 
 
 def parse(message: Any, method: str, raw: bytes) -> Any:

@@ -80,6 +80,10 @@ class App:
         # the graph's intermediate tensors at their peak: bytes x the request's (input, axis) sizes
         self.working = [(tuple((d[0], d[1]) for d in term["dims"]), int(term["bytes"]))
                         for term in (model.spec.get("model") or {}).get("working_memory") or ()]  # fmt: skip
+        # a request charged this much may leave freed memory in malloc's free lists: trimmed once
+        # idle; sooner in a small container, where what the heap keeps is a large share
+        memory = settings.limits.memory if settings.limits else 1 << 34
+        self.trim_after = min(TRIM_AFTER, memory // 32)
         self._bytes_lock = threading.Lock()
         self.in_flight_bytes = 0
         self._large = False  # a large request finished since memory was last trimmed
@@ -329,7 +333,7 @@ class App:
     def release(self, n: int) -> None:
         with self._bytes_lock:
             self.in_flight_bytes -= n
-            self._large = self._large or n >= TRIM_AFTER
+            self._large = self._large or n >= self.trim_after
             trim = self._large and self.in_flight_bytes == 0
             if trim:
                 self._large = False
@@ -467,7 +471,7 @@ class App:
             raise
 
 
-TRIM_AFTER = 16 << 20  # a request charged this much may leave freed memory in malloc's free lists
+TRIM_AFTER = 16 << 20  # a request charged this much may leave freed memory in malloc's free lists (the most)
 MMAP_THRESHOLD = 1 << 20  # blocks this large come from mmap and go back to the system when freed
 TRIM_THRESHOLD = 4 << 20  # free memory at the top of a heap past this goes back at once
 

@@ -369,7 +369,7 @@ def test_readiness_answers_while_eight_16_mib_grpc_calls_decode(grpc_images):
     CPUs and this client sends and reads 320 MB on them too)."""
     import statistics
 
-    with serve(grpc_images["mlp"]["tag"], extra_ports=(8001,), mem_limit="2g") as server:  # 146 MiB a call, all told
+    with serve(grpc_images["mlp"]["tag"], extra_ports=(8001,), mem_limit="4g") as server:  # 146 MiB a call; 32 MiB messages
         codes, waits = _eight_calls(server, _grpc_infer_bytes(True, 16 << 20))
     assert "OK" in codes and set(codes) <= {"OK", "UNAVAILABLE"}, codes
     print(f"readiness while eight 16 MiB calls ran: median {statistics.median(waits):.3f} s, worst {max(waits):.3f} s")

@@ -857,11 +857,11 @@ def test_grpc_charges_a_message_before_parsing_it_and_counts_one_refusal(tmp_pat
 
     folder = spec_dir(tmp_path, "mlp")
     env = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache")}
-    app = App(Model.load(Settings.load(env, limits=Limits(1, 256 << 20, "cgroup"))), "test")  # 128 MiB in flight
+    app = App(Model.load(Settings.load(env, limits=Limits(1, 512 << 20, "cgroup"))), "test")  # 256 MiB in flight
     app.start_warmup()
     assert app.ready.wait(10)
     big = _infer_request(x=np.ones((200_000, 4), np.float32))  # 3.2 MB: 3x that and 2 MiB charged to parse
-    held = app.hold(120 << 20)
+    held = app.hold(250 << 20)
     try:
         [(code, details)] = _grpc_calls(app, [("ModelInfer", big)])
     finally:
@@ -874,8 +874,9 @@ def test_grpc_charges_a_message_before_parsing_it_and_counts_one_refusal(tmp_pat
 
 
 def test_grpc_reads_a_bounded_number_and_size_of_messages_at_once():
-    """grpc reads a call's whole message before a handler can refuse it: what it may read at once
-    is bounded up front, from the container's memory (16 calls, each a 32nd of the in-flight half)."""
+    """grpc reads a call's whole message before a handler can refuse it, and holds it about four
+    times: what it may read at once is bounded up front, within the in-flight budget (16 calls,
+    each a 64th of it)."""
     from types import SimpleNamespace
 
     from gpux_pack.runtime import grpc_v2, resources
@@ -886,4 +887,4 @@ def test_grpc_reads_a_bounded_number_and_size_of_messages_at_once():
                                                    max_in_flight_bytes=resources.default_in_flight_bytes(lim)))  # fmt: skip
 
     assert [limits(m) for m in (128, 256, 1024, 4096, 16384)] == [
-        (16, 2 << 20), (16, 4 << 20), (16, 16 << 20), (16, 64 << 20), (16, 64 << 20)]
+        (16, 1 << 20), (16, 2 << 20), (16, 8 << 20), (16, 32 << 20), (16, 64 << 20)]
