@@ -44,6 +44,8 @@ WarmupOpt = typer.Option(None, "--warmup", help="auto | always | never.")
 RefreshOpt = typer.Option(False, "--refresh", help="Re-resolve the image's wheels instead of reusing the cached lock.")
 ContainedOpt = typer.Option(False, "--contained", help="Read nothing outside the project folder (for projects "
                             "you do not trust): gpux.yml and the model must resolve inside it.")
+StrictOpt = typer.Option(False, "--strict", help="Refuse gpux.yml keys and values gpux-pack cannot act on "
+                         "(otherwise a warning each).")
 
 
 def _version(value: bool) -> None:
@@ -94,6 +96,7 @@ def build_cmd(
     refresh: bool = RefreshOpt,
     push_: bool = typer.Option(False, "--push", help="Push every image built; their digests go in the summary."),
     contained: bool = ContainedOpt,
+    strict: bool = StrictOpt,
 ) -> None:
     """Build the model's image(s) through the Docker engine."""
     from gpux_pack.commands import build
@@ -104,7 +107,7 @@ def build_cmd(
     options = _options(tag, bases.get(None), platforms[0], warmup)
     for name in platforms[1:] if platforms[0] else ():
         _options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
-    loaded, decision, client = build.start(path, provider, tag, engine.connect, ui, contained)
+    loaded, decision, client = build.start(path, provider, tag, engine.connect, ui, contained, strict)
     if tag and len(decision.providers) > 1 and "{provider}" not in tag:
         raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
     if (warmup or loaded.project.config.pack.warmup) != "never":  # a baked warmup wants the host's device
@@ -133,7 +136,7 @@ def _record_rebuild(root: Path, made: Any, client: Any) -> None:
     except Exception:  # a base that is not an image here: nothing to replay from
         return
     rebuild.record(sys.argv[1:], root, plan.model.path, plan.model.sha256, plan.model.size_bytes, plan.provider.name,
-                   images, lock_path(plan.requirements, plan.target), built.loaded)
+                   images, lock_path(plan.requirements, plan.target), built.loaded, plan.project.variables)
 
 
 def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tuple[list, dict]:
@@ -188,6 +191,7 @@ def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: f
                 "cached_steps": built.cached_steps,
                 "assembled": built.assembled,
                 "digest": pushed.digest if pushed else None,
+                "notes": list(plan.notes),
             }
         )
     failed = [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in failures]
@@ -241,6 +245,7 @@ def plan_cmd(
     offline: bool = typer.Option(False, "--offline", help="Use only cached locks; never the network."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
     contained: bool = ContainedOpt,
+    strict: bool = StrictOpt,
 ) -> None:
     """Every decision a build would make (provider and why, base image and its facts, Python,
     the lock with download sizes, tag, warmup, runtime base reuse), downloading no wheel and
@@ -250,7 +255,7 @@ def plan_cmd(
 
     options = _options(tag, base_image, platform, warmup)
     ui = Reporter(quiet=True)
-    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui, contained)
+    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui, contained, strict, warn=False)
     host = engine.host_info(client) if client is not None else None
     out = []
     for name in decision.providers:
@@ -273,7 +278,7 @@ def plan_cmd(
             "download_bytes": sum(p["size_bytes"] or 0 for p in pins if not p["cached"]),
             "download_unknown": [p["name"] for p in pins if not p["cached"] and p["size_bytes"] is None],
             "cached_bytes": sum(p["size_bytes"] or 0 for p in pins if p["cached"]),
-            "notes": [f"{note}; an image started on this host serves on the CPU provider"] if note else [],
+            "notes": [*plan.notes, *([f"{note}; an image started on this host serves on the CPU provider"] if note else [])],
         })  # fmt: skip
     if json_out:
         print(json.dumps({"plans": out}, indent=2))
@@ -482,7 +487,8 @@ def serve_cmd(
     path: Path = PathArg,
     provider: Optional[str] = typer.Option(None, "--provider", "-p", help="The provider to serve with (default: "
                                            "gpux.yml's, else the first accelerator this machine's onnxruntime offers)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    host: Optional[str] = typer.Option(None, "--host", help="Address to listen on (default: serving.host when "
+                                       "gpux.yml sets it, else 127.0.0.1; 0.0.0.0: every interface)."),
     port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port (default: serving.port)."),
 ) -> None:
     """Serve the model on this machine, without Docker: the image's runtime and endpoints, this
@@ -492,7 +498,8 @@ def serve_cmd(
     from gpux_pack.commands.serve import serve
 
     try:
-        ipaddress.ip_address(host)
+        if host is not None:
+            ipaddress.ip_address(host)
     except ValueError:
         raise typer.BadParameter(f"{host!r}: expected an IP address such as 127.0.0.1 or 0.0.0.0",
                                  param_hint="--host") from None  # fmt: skip
@@ -605,6 +612,7 @@ def render_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     refresh: bool = RefreshOpt,
     contained: bool = ContainedOpt,
+    strict: bool = StrictOpt,
 ) -> None:
     """Write the Dockerfile and the whole build context; `docker build DIR` gives the same image."""
     from gpux_pack.commands import build
@@ -614,7 +622,7 @@ def render_cmd(
     options = _options(tag, base_image, platform, warmup)
     if options.warmup == "always":
         raise typer.BadParameter("a baked warmup needs `gpux-pack build`", param_hint="--warmup")
-    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui, contained)
+    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui, contained, strict)
     if len(decision.providers) > 1:
         raise typer.BadParameter("render writes one context: give one provider", param_hint="--provider")
     prepared = build.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False,

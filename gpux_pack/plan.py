@@ -22,6 +22,7 @@ from typing import Any
 
 from gpux_pack import __version__, sources
 from gpux_pack.errors import ModelError, UsageError
+from gpux_pack.project.config import model_name
 from gpux_pack.project.load import Project
 from gpux_pack.project.model import ModelInfo, Signature
 from gpux_pack.providers import (CACHE, CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, Devices, HostInfo, Provider, base_for,
@@ -203,7 +204,11 @@ class Plan:
 
     @property
     def name(self) -> str:
-        return self.project.config.name
+        return model_name(self.project.config.name)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return notes(self.project, self.signature)
 
     @property
     def version(self) -> str:
@@ -411,11 +416,33 @@ def warmup_mode(setting: str, provider: Provider, host: HostInfo | None) -> str:
     return "baked" if provider.warmup_bakes and host is not None and host.has(provider.device) else "at-start"
 
 
+EVERY_INTERFACE = ("0.0.0.0", "::")
+
+
+def serving_host(cfg: Any) -> str:
+    """In the image the server listens on every interface of the container, whatever
+    serving.host says (a loopback address there would make the published port unreachable):
+    serving.host is for `gpux-pack serve` on this machine."""
+    return cfg.serving.host if cfg.serving.host in EVERY_INTERFACE else "0.0.0.0"
+
+
+def notes(project: Project, signature: Signature) -> tuple[str, ...]:
+    """What the build tells the user before it starts: what gpux.yml holds that was left out or
+    is not acted on, where the graph overrules a declaration, and where the image differs."""
+    cfg = project.config
+    out = [*project.notes, *signature.notes]
+    if "host" in cfg.serving.model_fields_set and serving_host(cfg) != cfg.serving.host:
+        out.append(project.note(("serving", "host"), f"{cfg.serving.host} applies to `gpux-pack serve` on this "
+                                                     "machine; in the image the server listens on every interface "
+                                                     "(0.0.0.0), so a published port reaches it"))  # fmt: skip
+    return tuple(sorted(out, key=lambda note: int(m.group(1)) if (m := re.match(r"[^\n]*?:(\d+): ", note)) else 0))
+
+
 def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
     cfg = project.config
     template = cli_tag or cfg.pack.tag or DEFAULT_TAG
     fields = {
-        "name": re.sub(r"[^a-z0-9._/-]+", "-", cfg.name.lower()).strip("-._/") or "model",
+        "name": re.sub(r"[^a-z0-9._/-]+", "-", model_name(cfg.name).lower()).strip("-._/") or "model",
         "version": re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.version).strip("-.") or "latest",
         "provider": provider,
     }
@@ -466,12 +493,12 @@ def labels(plan: Plan) -> dict[str, str]:
     """The image's labels, each value through label_value (user text: description, pack.labels)."""
     cfg = plan.project.config
     out = {
-        "org.opencontainers.image.title": cfg.name,
+        "org.opencontainers.image.title": cfg.name,  # as written; the model's name below is URL-safe
         "org.opencontainers.image.version": cfg.version,
         "org.opencontainers.image.created": plan.created,
         "org.opencontainers.image.description": cfg.description or f"{cfg.name} served by gpux-pack",
         "org.opencontainers.image.base.name": plan.base.image,
-        "io.gpux.model.name": cfg.name,
+        "io.gpux.model.name": plan.name,
         "io.gpux.model.version": cfg.model.version or cfg.version,
         "io.gpux.model.sha256": plan.model.sha256,
         "io.gpux.model.bytes": str(plan.model.size_bytes),  # with its external data: deploy sizes memory by it
@@ -528,7 +555,8 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
     provider = plan.provider
     return {
         "format": 1,
-        "name": cfg.name,
+        "name": plan.name,
+        "title": cfg.name,
         "version": cfg.version,
         "description": cfg.description,
         "model": {
@@ -541,7 +569,7 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
             # the intermediate tensors' peak: bytes per product of the request's input dimensions
             "working_memory": [{"dims": [list(d) for d in dims], "bytes": n} for dims, n in plan.model.working_memory],
         },
-        "inputs": [t.to_json() for t in plan.signature.inputs],
+        "inputs": [_with_declared(t.to_json(), dict(plan.signature.declared)) for t in plan.signature.inputs],
         # accepted on /predict and v2 infer, not listed: initializers the graph lists as inputs
         "overridable_inputs": [t.to_json() for t in plan.signature.overridable],
         "outputs": [t.to_json() for t in plan.signature.outputs],
@@ -573,7 +601,7 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
         },
         "serving": {
             "port": cfg.serving.port,
-            "host": cfg.serving.host,
+            "host": serving_host(cfg),
             "max_workers": cfg.serving.max_workers,
             "timeout": cfg.serving.timeout,
             "batching": batching(cfg),
@@ -582,6 +610,13 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
         "metadata": cfg.metadata,
         "pack_version": __version__,
     }
+
+
+def _with_declared(entry: dict[str, Any], declared: dict[str, tuple[int | str, ...]]) -> dict[str, Any]:
+    """An input whose gpux.yml shape fixes sizes the graph leaves open: warmup runs that shape."""
+    if entry["name"] in declared:
+        entry["declared_shape"] = list(declared[entry["name"]])
+    return entry
 
 
 def session_options(provider: Provider, config: Any, profiles: dict[str, dict[str, list[int]]]) -> list[list[Any]]:

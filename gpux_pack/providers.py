@@ -417,12 +417,30 @@ class Decision:
     from_host: bool = False  # `auto` all the way: the Docker host decided (or would have)
 
 
+# GPUX's other spellings: its short name for TensorRT and ONNX Runtime's own EP names, any case
+PROVIDER_ALIASES: dict[str, str] = {
+    "trt": "tensorrt",
+    **{ep.lower(): name for name, ep in EP_NAMES.items()},
+    "coremlexecutionprovider": "coreml",
+    "dmlexecutionprovider": "directml",
+}
+
+
+def provider_alias(raw: object) -> object:
+    """'CUDA', 'trt', 'CUDAExecutionProvider' -> the table's name; anything else as it was."""
+    if not isinstance(raw, str):
+        return raw
+    item = raw.strip().lower()
+    return PROVIDER_ALIASES.get(item, item)
+
+
 def provider_name(raw: str) -> str:
-    """'OpenVINO ' -> 'openvino'. The one check of a provider name, for pack.providers and
-    --provider alike (the runtime reads the same EP_NAMES table, from gpux.json, for GPUX_PROVIDERS)."""
+    """'OpenVINO ' -> 'openvino', 'trt' -> 'tensorrt'. The one check of a provider name, for
+    pack.providers and --provider alike (the runtime reads the same EP_NAMES table, from gpux.json,
+    for GPUX_PROVIDERS)."""
     if not isinstance(raw, str):
         raise ValueError(f"{raw!r} is not a provider name")
-    item = raw.strip().lower()
+    item = str(provider_alias(raw))
     if item and item != "auto" and item not in PROVIDERS:
         shown = ascii(raw) if not raw.isprintable() else f"'{raw}'"
         hint = f"; {NOT_FOR_LINUX[item]}" if item in NOT_FOR_LINUX else ""

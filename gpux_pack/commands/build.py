@@ -22,7 +22,7 @@ from gpux_pack.image.maker import Maker, OncePerTag, choose, model_job, runtime_
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.install import install
 from gpux_pack.plan import (Options, Plan, RuntimeBase, assumed_base, check_model_for, choose_base, image_tag,
-                            make_plan, plan_runtime_base, with_lock)
+                            make_plan, notes, plan_runtime_base, with_lock)
 from gpux_pack.project.load import Project, load_project
 from gpux_pack.project.model import ModelInfo, Signature, inspect_model, reconcile
 from gpux_pack.providers import BaseImage
@@ -56,10 +56,11 @@ class Made:
     pushed: Pushed | None
 
 
-def load(path: Path, contained: bool = False) -> Loaded:
+def load(path: Path, contained: bool = False, strict: bool = False) -> Loaded:
     """Config and model, checked against each other. No Docker, no network. contained (or the
-    project's pack.contained): gpux.yml and the model must resolve inside the folder named."""
-    project = load_project(path)
+    project's pack.contained): gpux.yml and the model must resolve inside the folder named.
+    strict (or pack.strict): what is otherwise a warning is refused."""
+    project = load_project(path, strict)
     model_path = project.model_path
     if contained or project.config.pack.contained:
         _contain(Path(path), project, model_path)
@@ -116,12 +117,16 @@ def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Rep
 
 
 def start(path: Path, provider_flag: str | None, tag: str | None, connect: Callable[[], Any],
-          ui: Reporter, contained: bool = False) -> tuple[Loaded, providers.Decision, Any]:
+          ui: Reporter, contained: bool = False, strict: bool = False,
+          warn: bool = True) -> tuple[Loaded, providers.Decision, Any]:
     """What every command that starts from a project does first: load it, refuse a bad tag and a
     model the images' onnxruntime cannot load before asking Docker anything, then connect and
-    choose the providers (asking the Docker host only for `auto`). Returns the client too."""
+    choose the providers (asking the Docker host only for `auto`). Says the plan's notes on gpux.yml
+    (warn=False: the caller prints them). Returns the client too."""
     cli = providers.parse_provider_list(provider_flag)
-    loaded = load(path, contained)
+    loaded = load(path, contained, strict)
+    for line in notes(loaded.project, loaded.signature) if warn else ():
+        ui.warn(line)
     image_tag(loaded.project, "cpu", tag)
     check_model(loaded, cli)
     client = connect()

@@ -40,7 +40,7 @@ from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
-FORMAT = 1
+FORMAT = 2
 REFUSED = ("--json", "--push", "--refresh", "--no-cache", "--platform", "--warmup", "--help")
 ENV_PREFIXES = ("GPUX", "DOCKER", "PIP_", "UV_", "SOURCE_DATE_EPOCH", "HOME", "XDG_CACHE_HOME", "SSL_CERT",
                 "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
@@ -244,9 +244,10 @@ def _image_id(ref: str) -> str | None:
 
 
 def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: str, model_size: int,
-           provider: str, images: dict[str, str], lock: Path, loaded: Loadable) -> None:
+           provider: str, images: dict[str, str], lock: Path, loaded: Loadable,
+           variables: tuple[tuple[str, str | None], ...] = ()) -> None:
     """After a build: what the next identical command needs to replay it. images: the base and
-    runtime base references -> their ids now. Nothing is written when the build is not one
+    runtime base references -> their ids now; variables: the ${VAR}s gpux.yml used, and their values. Nothing is written when the build is not one
     this can replay; a failure to write is not the build's failure."""
     path = _record_path(argv)
     try:
@@ -271,7 +272,7 @@ def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: s
             "format": FORMAT, "version": __version__, "tag": loaded.tag, "provider": provider,
             "project": str(project_dir.resolve()), "files": _fingerprint(project_dir.resolve(), {model}),
             "model": {"path": model, "sha256": model_sha256, "size": model_size, "structure": structure(model_path)},
-            "images": images, "lock": [str(lock), _stat(str(lock))],
+            "images": images, "lock": [str(lock), _stat(str(lock))], "variables": [list(v) for v in variables],
             "config": loaded.config.decode(), "parent_diff_ids": loaded.parent_diff_ids,
             "own_history": loaded.own_history, "layers": layers,
         }  # fmt: skip
@@ -306,6 +307,8 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float) -> str
         raise Miss("a project file changed")
     if _stat(doc["lock"][0]) != doc["lock"][1]:
         raise Miss("the wheel lock changed")
+    if [[name, os.environ.get(name)] for name, _ in doc["variables"]] != doc["variables"]:
+        raise Miss("a variable gpux.yml uses changed")
     old_sha = doc["model"]["sha256"]
     sha = _sha256(model, doc["model"]["size"])  # the same structure is the same size: gpux.json's size_bytes stays
     if sha == old_sha or structure(model) != doc["model"]["structure"]:

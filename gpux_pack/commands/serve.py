@@ -41,6 +41,7 @@ class Staged:
     reason: str
     watched: tuple[Path, ...]  # gpux.yml and the model's files: a change reloads
     spec: dict[str, Any]
+    host: str = "127.0.0.1"  # gpux.yml's serving.host when it sets one: on this machine it applies
 
     def env(self, **extra: str) -> dict[str, str]:
         """The runtime's variables: this gpux.json, a private cache, this provider only."""
@@ -126,7 +127,9 @@ def stage(path: Path, flag: str | None, folder: Path, ui: Reporter) -> Staged:
     (folder / "gpux.json").write_text(json.dumps(spec, indent=2, sort_keys=True, allow_nan=False))
     model_dir = loaded.model.path.parent
     watched = (loaded.project.config_path, *(model_dir / name for name in loaded.model.files))
-    return Staged(folder, row.name, reason, watched, spec)
+    cfg = loaded.project.config
+    host = cfg.serving.host if "host" in cfg.serving.model_fields_set else "127.0.0.1"
+    return Staged(folder, row.name, reason, watched, spec, host)
 
 
 def snapshot(paths: tuple[Path, ...]) -> tuple[Any, ...]:
@@ -164,10 +167,12 @@ class Server:
         return self.process.wait()
 
 
-def serve(path: Path, flag: str | None, host: str, port: int | None, ui: Reporter) -> int:
-    """Serve until Ctrl-C (or SIGTERM): 0 when stopped so, else the server's exit code."""
+def serve(path: Path, flag: str | None, host: str | None, port: int | None, ui: Reporter) -> int:
+    """Serve until Ctrl-C (or SIGTERM): 0 when stopped so, else the server's exit code. host:
+    --host, else gpux.yml's serving.host, else 127.0.0.1."""
     with tempfile.TemporaryDirectory(prefix="gpux-serve-") as tmp:
         staged = stage(path, flag, Path(tmp) / "0", ui)
+        host = host or staged.host
         server: Server | None = None
         seen, pending = snapshot(staged.watched), None
         idle = threading.Event()  # never set: a wait that a signal interrupts

@@ -31,6 +31,8 @@ class BuiltImage(_Model):
     cached_steps: int
     assembled: bool = Field(description="Made on the host and loaded (nothing ran), rather than built")
     digest: Optional[str] = Field(None, description="name@sha256:... when pushed (--push)")
+    notes: list[str] = Field(default_factory=list, description="Warnings about gpux.yml: what was left out or not "
+                             "acted on, where the graph overrules a declaration (file:line: field: text)")
 
 
 class IndexManifest(_Model):

@@ -1,15 +1,21 @@
 """gpux.yml's schema: the GPUX format plus the optional `pack:` section.
 
 Every value that later reaches a Dockerfile, a path or gpux.json is constrained here (names,
-versions, label keys, image references, hosts, finite bounded numbers); project.py loads the
-file and turns pydantic's errors into `gpux.yml:12: field: problem` lines."""
+versions, label keys, image references, hosts, finite bounded numbers); load.py loads the
+file and turns pydantic's errors into `gpux.yml:12: field: problem` lines.
+
+It reads what GPUX reads: durations with units (`5s`), sizes in bytes or with units, format,
+backend and type names in any case, `key:` left empty as "not set". Unknown keys are load.py's
+business (a warning each, or a refusal with --strict)."""
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
 import re
 import string
+import unicodedata
 from typing import Annotated, Any, Literal, Union
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -24,12 +30,13 @@ from pydantic import (
     model_validator,
 )
 
-from gpux_pack.providers import EP_NAMES, NOT_FOR_LINUX, PROVIDERS, provider_name, provider_names
+from gpux_pack.providers import EP_NAMES, NOT_FOR_LINUX, PROVIDERS, provider_alias, provider_name, provider_names
 from gpux_pack.reference import parse_reference
 from gpux_pack.runtime.dtypes import DTYPES, canonical
 
 CONFIG_NAMES = ("gpux.yml", "gpux.yaml")
-Backend = Literal[("auto", *EP_NAMES, *NOT_FOR_LINUX)]  # type: ignore[valid-type]
+BACKENDS = ("auto", *EP_NAMES, *NOT_FOR_LINUX)
+Backend = Literal[BACKENDS]  # type: ignore[valid-type]
 MAX_SIZE = 2**31 - 1  # a tensor dimension, a profile size
 MAX_SECONDS = 86_400.0
 
@@ -37,6 +44,17 @@ MAX_SECONDS = 86_400.0
 class _Section(BaseModel):
     # NaN and infinity are not JSON: gpux.json is strict, and a timeout of .inf crashes a server
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unset(cls, data: Any) -> Any:
+        """`serving:` or `timeout:` with nothing after it (YAML's null) means "not set", as GPUX
+        reads it: the default, where the field has one other than null."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            return {k: v for k, v in data.items()
+                    if not (v is None and k in fields and fields[k].default is not None)}  # fmt: skip
+        return data
 
 
 def _to_str(value: Any) -> Any:
@@ -67,12 +85,33 @@ def _matching(pattern: re.Pattern[str], what: str) -> Any:
     return AfterValidator(check)
 
 
-ModelName = Annotated[
+def _display_name(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise ValueError("is empty")
+    if len(value) > 128 or any(unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp")
+                               for c in value):
+        raise ValueError(f"{_shown(value)} is not a name: at most 128 characters on one line, no control characters")
+    return value
+
+
+DisplayName = Annotated[
     Text,
-    _matching(_NAME, "name: letters, digits, '.', '_' and '-', at most 128, starting with a letter or digit "
-                     "(it names the image and the KServe v2 model URL)"),
-    WithJsonSchema({"type": "string", "pattern": f"^{_NAME.pattern}$"}),
-]  # fmt: skip
+    AfterValidator(_display_name),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 128}),
+]
+
+
+def model_name(name: str) -> str:
+    """The name the image serves under (KServe v2 URLs, the io.gpux.model.name label, the default
+    tag): gpux.yml's name when it is one (letters, digits, '.', '_', '-'), else made from it, the
+    same every time: 'Sentiment Analysis' -> 'sentiment-analysis', 'Modèle' -> 'modele'. The name
+    as written stays the title (/info, org.opencontainers.image.title)."""
+    if _NAME.fullmatch(name):
+        return name
+    plain = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    made = re.sub(r"[^a-z0-9]+", "-", plain.lower()).strip("-")[:100].strip("-")
+    return made or "model-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 Version = Annotated[
     Text,
     _matching(_VERSION, "version: letters, digits, '.', '_', '+' and '-', at most 128"),
@@ -93,7 +132,36 @@ def _image_reference(value: str) -> str:
 
 
 ImageRef = Annotated[str, AfterValidator(_image_reference)]
-Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", re.IGNORECASE)
+_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_seconds(value: Any) -> Any:
+    """GPUX writes timeouts as seconds (`5`) and its examples as `5s`: both, and ms, m, h."""
+    if isinstance(value, str):
+        try:
+            return float(value)  # '30', '1e3': a number, checked against the bounds as one
+        except ValueError:
+            pass
+        m = _DURATION.fullmatch(value) if len(value) <= 32 else None
+        if not m:
+            raise ValueError(f"{_shown(value)} is not a duration such as 5, 5s, 500ms or 2m")
+        return float(m.group(1)) * _SECONDS[(m.group(2) or "s").lower()]
+    return value
+
+
+Seconds = Annotated[
+    float,
+    BeforeValidator(parse_seconds),
+    Field(gt=0, le=MAX_SECONDS),
+    WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS},
+                              {"type": "string", "pattern": f"^{_DURATION.pattern}$"}]}),
+]  # fmt: skip
+
+
+def _lower(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
 
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -205,7 +273,7 @@ TensorList = Annotated[list[TensorSpec], BeforeValidator(_tensor_list)]
 
 class ModelSection(_Section):
     source: str
-    format: Literal["onnx"] = "onnx"
+    format: Annotated[Literal["onnx"], BeforeValidator(_lower)] = "onnx"
 
     version: Version | None = None
 
@@ -225,7 +293,7 @@ class ModelSection(_Section):
 
 class GPUSection(_Section):
     memory: Memory | None = None
-    backend: Backend = "auto"
+    backend: Annotated[Backend, BeforeValidator(provider_alias)] = "auto"
 
     @field_validator("backend")
     @classmethod
@@ -382,6 +450,10 @@ class PackSection(_Section):
         "must resolve inside it (a CI that builds projects it does not trust passes --contained instead: a project "
         "cannot turn that off)",
     )
+    strict: bool = Field(
+        False, description="Refuse keys and values gpux-pack cannot act on (unknown keys, tensor types that are no "
+        "element type, another OS's backend); by default each is a warning and left out, as GPUX accepts them",
+    )
     device_id: int = Field(0, ge=0, le=1023, description="GPU the CUDA/TensorRT/ROCm/MIGraphX provider uses")
     provider_options: dict[str, dict[str, Union[str, int, float, bool]]] = Field(
         {}, description="Extra ONNX Runtime provider options, by provider (cuda: {cudnn_conv_algo_search: HEURISTIC})"
@@ -435,7 +507,7 @@ class GpuxConfig(_Section):
 
     model_config = ConfigDict(extra="forbid", frozen=True, title="gpux.yml")
 
-    name: ModelName
+    name: DisplayName
     version: Version = "1.0.0"
     description: str | None = None
     model: ModelSection

@@ -1,8 +1,15 @@
 """Loading gpux.yml: safe YAML with the line of every key, validated against the schema in
-config.py, with pydantic's errors turned into `gpux.yml:12: inputs.image.type: problem` lines."""
+config.py, with pydantic's errors turned into `gpux.yml:12: inputs.image.type: problem` lines.
+
+Before validation, as GPUX promises: `${VAR}` and `${VAR:-default}` in values are expanded from
+this process's environment (never inside the image). What GPUX accepts and gpux-pack cannot act
+on (an unknown key, a tensor type that is no element type, a backend for another OS) is one
+warning each and left out, unless the build is strict (--strict or pack.strict: true): then it
+is refused, as a typo should be."""
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import typing
@@ -15,8 +22,20 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gpux_pack.project import safe_yaml
-from gpux_pack.project.config import CONFIG_NAMES, GpuxConfig, hint
+from gpux_pack.project.config import BACKENDS, CONFIG_NAMES, GpuxConfig, TensorSpec, hint
 from gpux_pack.errors import ConfigError, UsageError
+from gpux_pack.providers import NOT_FOR_LINUX, provider_alias
+from gpux_pack.runtime.dtypes import DTYPES, canonical
+
+# Keys of the GPUX format that gpux-pack reads and does not act on: a warning each, never a refusal.
+NOT_ACTED_ON: dict[tuple[str, ...], str] = {
+    ("runtime", "timeout"): "not used: serving.timeout bounds each request",
+    ("preprocessing",): "not applied: the image takes the model's own tensors (send them preprocessed)",
+    ("inputs", "*", "max_length"): "not applied: the image takes the model's own tensors",
+}
+_VARIABLE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
+_VARIABLE_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)(.*))?", re.DOTALL)
+
 
 @dataclass(frozen=True)
 class Project:
@@ -25,6 +44,9 @@ class Project:
     config_path: Path
     config: GpuxConfig
     lines: dict[tuple[Any, ...], int]
+    notes: tuple[str, ...] = ()  # warnings: what was left out or not acted on, with file:line
+    variables: tuple[tuple[str, str | None], ...] = ()  # ${VAR}s used and their values (None: unset)
+    strict: bool = False
 
     @property
     def root(self) -> Path:
@@ -43,6 +65,10 @@ class Project:
     def error(self, path: tuple[Any, ...], problem: str) -> ConfigError:
         """A ConfigError pointing at a field of this file."""
         return ConfigError(self.display, _dotted(path), problem, self.line(path))
+
+    def note(self, path: tuple[Any, ...], text: str) -> str:
+        """A warning about a field of this file, `gpux.yml:12: field: text`."""
+        return f"{_where(self.display, self.lines, path)}: {text}"
 
     def line(self, path: tuple[Any, ...]) -> int | None:
         while path:
@@ -68,7 +94,8 @@ def find_config(path: Path) -> Path:
     return path  # safe_yaml.read_text refuses FIFOs and devices
 
 
-def load_project(path: Path) -> Project:
+def load_project(path: Path, strict: bool = False) -> Project:
+    """strict: refuse what is otherwise a warning (pack.strict: true in the file does the same)."""
     config_path = Path(os.path.realpath(find_config(Path(path))))
     display = _display(config_path)
     try:
@@ -86,38 +113,158 @@ def load_project(path: Path) -> Project:
     if not isinstance(data, dict):
         raise ConfigError(display, None, f"must be a mapping of fields, not a {type(data).__name__}", 1)
     lines: dict[tuple[Any, ...], int] = {}
-    _positions(node, (), lines, display)
+    repeated: list[tuple[tuple[Any, ...], int]] = []
+    _positions(node, (), lines, repeated)
     found = safe_yaml.non_json(data)
     if found:
         where, problem = found
         raise ConfigError(display, _dotted(where) or None, problem, _line(lines, where))
+    data = copy.deepcopy(data)  # YAML aliases share objects; what is expanded or left out is per place
+    variables: dict[str, str | None] = {}
+    data = _expand(data, (), variables, lines, display)
+    pack = data.get("pack")
+    strict = strict or (isinstance(pack, dict) and pack.get("strict") is True)
+    if repeated and strict:
+        raise ConfigError(display, _dotted(repeated[0][0]), "duplicate key", repeated[0][1])
+    notes = [f"{display}:{line}: {_dotted(path)}: duplicate key; the last one counts, as YAML readers take it"
+             for path, line in repeated]  # fmt: skip
+    notes += [] if strict else _leave_out(data, lines, display)
+    notes += [f"{_where(display, lines, p)}: {why}" for p, why in _not_acted_on(data)]
     try:
         config = GpuxConfig.model_validate(data)
     except ValidationError as e:
         raise _first_error(e, data, lines, display) from None
-    return Project(config_path, config, lines)
+    return Project(config_path, config, lines, tuple(notes), tuple(sorted(variables.items())), strict)
+
+
+def _expand(value: Any, path: tuple[Any, ...], used: dict[str, str | None], lines: dict, display: str) -> Any:
+    """`${VAR}`, `${VAR:-default}` (unset or empty), `${VAR-default}` (unset) in every text value,
+    from this process's environment; `$$` is a `$`. A missing variable without a default is an
+    error naming it and the field."""
+    if isinstance(value, dict):
+        return {k: _expand(v, (*path, k), used, lines, display) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, (*path, i), used, lines, display) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        inner = _VARIABLE_NAME.fullmatch(m.group(1) or "")
+        if m.group(1) is None or inner is None:
+            raise ConfigError(display, _dotted(path), f"{_cut(m.group(0))} is not a variable: write ${{NAME}}, "
+                                                      "${NAME:-default}, or $$ for a $", _line(lines, path))  # fmt: skip
+        name, how, default = inner.groups()
+        found = os.environ.get(name)
+        used[name] = found
+        if found is None or (how == ":-" and found == ""):
+            if how is None:
+                raise ConfigError(display, _dotted(path), f"${{{name}}} is not set in the environment (give it a "
+                                                          f"value, or a default: ${{{name}:-...}})", _line(lines, path))  # fmt: skip
+            return default
+        return found
+
+    return _VARIABLE.sub(one, value)
+
+
+def _where(display: str, lines: dict, path: tuple[Any, ...]) -> str:
+    line = _line(lines, path)
+    return f"{display}:{line}: {_dotted(path)}" if line else f"{display}: {_dotted(path)}"
+
+
+def _cut(text: str) -> str:
+    return ascii(text if len(text) <= 40 else text[:30] + "...")
+
+
+def _leave_out(data: dict, lines: dict, display: str) -> list[str]:
+    """Drop what GPUX accepts and gpux-pack cannot act on, saying so once each."""
+    notes = []
+    for path, why in _unknown(data, GpuxConfig, ()):
+        notes.append(f"{_where(display, lines, path)}: {why}; left out (--strict refuses it)")
+        parent = data
+        for part in path[:-1]:
+            parent = parent[part]
+        del parent[path[-1]]
+    return notes
+
+
+def _unknown(data: Any, t: Any, path: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], str]]:
+    """(path, why) of each key the schema does not know, each tensor type that is no element
+    type, each backend for another OS, walking the data along the schema's types."""
+    t = _unwrap(t)
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        if not isinstance(data, dict):
+            return []
+        found = []
+        for key, value in data.items():
+            field = t.model_fields.get(key) if isinstance(key, str) else None
+            where = (*path, key)
+            if field is None:
+                found.append((where, f"unknown key{hint(str(key), t.model_fields)}"))
+            elif key == "type" and t is TensorSpec and value is not None and canonical(str(value)) is None:
+                found.append((where, f"'{_cut(str(value))[1:-1]}' is not a tensor element type{hint(str(value), DTYPES)}; "
+                                     "the model's is used"))  # fmt: skip
+            elif path == ("runtime", "gpu") and key == "backend" and provider_alias(value) in NOT_FOR_LINUX:
+                found.append((where, f"{NOT_FOR_LINUX[str(provider_alias(value))]} and the image is for Linux; "
+                                     "auto decides instead"))  # fmt: skip
+            elif path == ("runtime", "gpu") and key == "backend" and provider_alias(value) not in BACKENDS:
+                found.append((where, f"'{_cut(str(value))[1:-1]}' is not a backend gpux-pack knows"
+                                     f"{hint(str(provider_alias(value)), BACKENDS)}; auto decides instead"))  # fmt: skip
+            else:
+                found += _unknown(value, field.annotation, where)
+        return found
+    origin = typing.get_origin(t)
+    if origin in (list, tuple) and path in (("inputs",), ("outputs",)) and isinstance(data, dict):  # name: spec
+        return [u for k, v in data.items() if isinstance(v, dict) for u in _unknown(v, typing.get_args(t)[0], (*path, k))]
+    if origin in (list, tuple) and isinstance(data, list):
+        return [u for i, v in enumerate(data) for u in _unknown(v, typing.get_args(t)[0], (*path, i))]
+    if origin is dict and isinstance(data, dict):
+        return [u for k, v in data.items() for u in _unknown(v, typing.get_args(t)[1], (*path, k))]
+    return []
+
+
+def _not_acted_on(data: dict) -> list[tuple[tuple[Any, ...], str]]:
+    """(path, why) of each key present that gpux-pack reads and does not act on."""
+    found = []
+    for pattern, why in NOT_ACTED_ON.items():
+        for path in _matches(data, pattern, ()):
+            found.append((path, why))
+    return sorted(found, key=lambda f: [str(p) for p in f[0]])
+
+
+def _matches(node: Any, pattern: tuple[str, ...], path: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    if not pattern:
+        return [path]
+    head, rest = pattern[0], pattern[1:]
+    if isinstance(node, list) and head == "*":
+        return [m for i, v in enumerate(node) for m in _matches(v, rest, (*path, i))]
+    if not isinstance(node, dict):
+        return []
+    keys = list(node) if head == "*" else [head] if head in node and node[head] is not None else []
+    return [m for k in keys for m in _matches(node[k], rest, (*path, k))]
 
 
 def _line(lines: dict, path: tuple[Any, ...]) -> int | None:
     return lines.get(path) or _nearest(lines, path)
 
 
-def _positions(node: yaml.Node, path: tuple[Any, ...], out: dict, display: str) -> None:
-    """Record the 1-based line of every key and list item; reject duplicate keys (YAML keeps
-    the last one silently, which hides mistakes)."""
+def _positions(node: yaml.Node, path: tuple[Any, ...], out: dict, repeated: list) -> None:
+    """Record the 1-based line of every key and list item, and each repeated key (YAML keeps the
+    last one silently, which hides mistakes: a warning, refused when strict)."""
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key_node, value_node in node.value:
             key = key_node.value
             if key in seen:
-                raise ConfigError(display, _dotted((*path, key)), "duplicate key", key_node.start_mark.line + 1)
+                repeated.append(((*path, key), key_node.start_mark.line + 1))
             seen.add(key)
             out[(*path, key)] = key_node.start_mark.line + 1
-            _positions(value_node, (*path, key), out, display)
+            _positions(value_node, (*path, key), out, repeated)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             out[(*path, i)] = item.start_mark.line + 1
-            _positions(item, (*path, i), out, display)
+            _positions(item, (*path, i), out, repeated)
 
 
 def _first_error(err: ValidationError, data: dict, lines: dict, display: str) -> ConfigError:

@@ -318,6 +318,9 @@ class Signature:
     inputs: tuple[TensorSpec, ...]  # what clients send: listed in /info and KServe v2 metadata
     outputs: tuple[TensorSpec, ...]
     overridable: tuple[TensorSpec, ...] = ()  # initializers the graph also lists as inputs
+    # inputs whose gpux.yml shape fixes a size the graph leaves dynamic: that shape (warmup runs it)
+    declared: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
+    notes: tuple[str, ...] = ()  # what the build should tell: the graph decided, a flag was not honoured
 
 
 def reconcile(project: Project, model: ModelInfo) -> Signature:
@@ -326,13 +329,15 @@ def reconcile(project: Project, model: ModelInfo) -> Signature:
     inputs (IR-3 model-zoo graphs list hundreds) stay accepted but are not listed, unless
     gpux.yml lists them."""
     cfg = project.config
-    inputs = _merge(project, "inputs", cfg.inputs, model.inputs, all_required=True)
+    notes: list[str] = []
+    declared: list[tuple[str, tuple[int | str, ...]]] = []
+    inputs = _merge(project, "inputs", cfg.inputs, model.inputs, True, notes, declared)
     if cfg.inputs is None:
         inputs = tuple(t for t in inputs if t.required)
     listed = {t.name for t in inputs}
     overridable = tuple(t for t in model.inputs if not t.required and t.name not in listed)
-    outputs = _merge(project, "outputs", cfg.outputs, model.outputs, all_required=False)
-    return Signature(inputs, outputs, overridable)
+    outputs = _merge(project, "outputs", cfg.outputs, model.outputs, False, notes, [])
+    return Signature(inputs, outputs, overridable, tuple(declared), tuple(notes))
 
 
 def _merge(
@@ -341,6 +346,8 @@ def _merge(
     declared: list[TensorSpec] | None,
     actual: tuple[TensorSpec, ...],
     all_required: bool,
+    notes: list[str],
+    declared_shapes: list[tuple[str, tuple[int | str, ...]]],
 ) -> tuple[TensorSpec, ...]:
     if declared is None:
         return actual
@@ -360,14 +367,16 @@ def _merge(
                 )
         shape = model_t.shape
         if spec.shape is not None:
-            shape = _merge_shape(project, (*where, "shape"), spec.shape, model_t.shape)
+            shape = _merge_shape(project, (*where, "shape"), spec.shape, model_t.shape, notes)
+            if shape != spec.shape and any(isinstance(d, int) and d >= 0 for d in spec.shape):
+                declared_shapes.append((spec.name, tuple(spec.shape)))
         if section == "inputs" and not spec.required and model_t.required:
-            raise project.error(
-                (*where, "required"),
-                f"'{spec.name}' has no default in the model (not an initializer), so it is required",
-            )
+            problem = f"'{spec.name}' has no default in the model (not an initializer), so it is required"
+            if project.strict:
+                raise project.error((*where, "required"), problem)
+            notes.append(project.note((*where, "required"), f"false, but {problem}: requests must send it"))
         out.append(spec.model_copy(update={"type": model_t.type, "shape": shape,
-                                           "required": model_t.required and spec.required}))
+                                           "required": model_t.required}))
     if all_required:
         listed = {t.name for t in out}
         missing = [t.name for t in actual if t.required and t.name not in listed]
@@ -383,8 +392,12 @@ def _where(project: Project, section: str, index: int, name: str) -> tuple[Any, 
 
 
 def _merge_shape(
-    project: Project, where: tuple[Any, ...], declared: tuple[int | str, ...], actual: tuple[int | str, ...] | None
+    project: Project, where: tuple[Any, ...], declared: tuple[int | str, ...], actual: tuple[int | str, ...] | None,
+    notes: list[str],
 ) -> tuple[int | str, ...]:
+    """The graph decides what the server accepts: a declared size on a dimension the graph
+    leaves dynamic is a note (GPUX's docs write [1, N] for batch models and GPUX never enforced
+    it), not a narrowing that would refuse two-row requests and turn batching off."""
     if actual is None:
         return tuple(declared)
     if len(declared) != len(actual):
@@ -400,7 +413,12 @@ def _merge_shape(
                 )
             merged.append(a)
         elif isinstance(d, int) and d >= 0:
-            merged.append(d)  # the config narrows a dynamic dimension
+            merged.append(a)
+            shown = f"'{a}'" if isinstance(a, str) else "-1"
+            batch = " and batches requests" if i == 0 else ""
+            notes.append(project.note((*where, i), f"{d}, where the graph's dimension is dynamic ({shown}): the graph "
+                                                    f"decides, so the image takes any size there{batch}; write -1 or "
+                                                    "a name to say so"))  # fmt: skip
         else:
             merged.append(a if isinstance(a, str) else d)
     return tuple(merged)

@@ -561,11 +561,13 @@ def _last_line(e: Exception) -> str:
 
 def _shapes(spec: dict[str, Any]) -> list[dict[str, list[int]]]:
     """The input shapes warmup runs (part of the cache key): each required input's declared
-    shape with dynamic dimensions at 1, then one run per profile point (min, opt, max)."""
+    shape (where gpux.yml fixed sizes the graph leaves open, those) with dynamic dimensions at 1,
+    then one run per profile point (min, opt, max)."""
     base = {}
     for t in spec["inputs"]:
         if t.get("required", True):
-            base[t["name"]] = [d if isinstance(d, int) and d >= 0 else 1 for d in (t.get("shape") or ())]
+            shape = t.get("declared_shape") or t.get("shape") or ()
+            base[t["name"]] = [d if isinstance(d, int) and d >= 0 else 1 for d in shape]
     runs = [base]
     profiles: dict[str, dict[str, list[int]]] = spec.get("warmup_profiles") or {}
     for point in ("min", "opt", "max") if profiles else ():

@@ -42,13 +42,28 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_broken_project_is_one_line_and_exit_2(tmp_path, case):
     config, model, words = CASES[case]
-    proc = run_cli("build", str(project(tmp_path, config, model)), env=NO_DOCKER)
+    proc = run_cli("build", "--strict", str(project(tmp_path, config, model)), env=NO_DOCKER)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert words in lines[0]
     assert lines[0].startswith("error: ")
+
+
+@pytest.mark.parametrize("case", ["unknown key", "bad type", "windows backend"])
+def test_what_strict_refuses_is_otherwise_one_warning_line(tmp_path, case):
+    """GPUX accepts these: without --strict the build goes on (here to the missing engine)."""
+    config, model, words = CASES[case]
+    proc = run_cli("build", str(project(tmp_path, config, model)), env=NO_DOCKER)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("warning: ") and lines[0].endswith("left out (--strict refuses it)"), lines
+    assert lines[1].startswith("error: cannot reach the Docker engine"), lines
+    hint = {"unknown key": "(did you mean 'serving'?)", "bad type": "(did you mean 'float32'?)",
+            "windows backend": "Windows-only"}[case]  # fmt: skip
+    assert hint in lines[0], lines
+
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ BASE = "name: m\nmodel:\n  source: ./model.onnx\n"
 )
 def test_bad_fields_name_file_line_and_field(tmp_path, text, line, field, words):
     with pytest.raises(ConfigError) as err:
-        load_project(write(tmp_path, text))
+        load_project(write(tmp_path, text), strict=True)  # unknown keys and types: a warning unless strict
     e = err.value
     assert e.field == field
     assert e.line == line

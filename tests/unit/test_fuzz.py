@@ -58,6 +58,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gpux_pack.cli import main
+from gpux_pack.project.config import model_name
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mlp"
@@ -125,7 +126,7 @@ def render_project(project: Path, override_base: bool = True) -> Rendered:
         "org.opencontainers.image.title": cfg.name,
         "org.opencontainers.image.version": cfg.version,
         "org.opencontainers.image.base.name": plan.base.image,
-        "io.gpux.model.name": cfg.name,
+        "io.gpux.model.name": model_name(cfg.name),  # the name as written is the title
         "io.gpux.model.version": cfg.model.version or cfg.version,
         "io.gpux.port": str(cfg.serving.port),
     }
@@ -297,6 +298,11 @@ def cli_problems(r: CliResult, scrub: list[str]) -> list[Problem]:
             return [Problem("hang", f"build: {where(e)}", last)]
         return [Problem("traceback", f"build: {type(e).__name__} in {where(e)}", last[:300])]
     text, problems = r.stderr, []
+    while text.startswith("warning: ") and "\n" in text:  # gpux.yml's notes: one line each, before the error
+        warning, text = text.split("\n", 1)
+        bad = sorted({c for c in warning if unicodedata.category(c) in _BREAKS and c != "\t"})
+        if bad:
+            problems.append(Problem("control character in a warning", _template(warning, scrub), repr(warning[:400])))
     first = text.split("\n", 1)[0]
     sig = _template(first, scrub)
     if "Traceback" in text:

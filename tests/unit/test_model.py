@@ -133,10 +133,10 @@ def test_broken_files(tmp_path, content, words):
         inspect_model(path)
 
 
-def _project(tmp_path: Path, extra: str):
+def _project(tmp_path: Path, extra: str, strict: bool = True):
     (tmp_path / "model.onnx").write_bytes(MLP.read_bytes())
     (tmp_path / "gpux.yml").write_text("name: m\nmodel:\n  source: ./model.onnx\n" + extra)
-    project = load_project(tmp_path)
+    project = load_project(tmp_path, strict)
     return project, inspect_model(project.model_path)
 
 
@@ -159,11 +159,24 @@ def test_config_checked_against_model(tmp_path, extra, field, words):
     assert err.value.line is not None
 
 
-def test_config_narrows_dynamic_dims_and_selects_outputs(tmp_path):
+def test_the_graph_decides_a_dynamic_dimension_and_outputs_can_be_selected(tmp_path):
+    """GPUX's docs write [1, N] for batch models and GPUX never enforced it: a declared size where
+    the graph is dynamic is a note; the image accepts what the graph does, warmup runs the
+    declared shape."""
     project, info = _project(tmp_path, "inputs:\n  features: {shape: [8, 4]}\noutputs:\n  probs: {labels: [a, b, c]}\n")
     sig = reconcile(project, info)
-    assert sig.inputs[0].shape == (8, 4)
+    assert sig.inputs[0].shape == ("batch", 4) and sig.declared == (("features", (8, 4)),)
     assert [o.name for o in sig.outputs] == ["probs"] and sig.outputs[0].labels == ("a", "b", "c")
+    assert sig.notes == ("gpux.yml:5: inputs.features.shape[0]: 8, where the graph's dimension is dynamic ('batch'): "
+                         "the graph decides, so the image takes any size there and batches requests; write -1 or a "
+                         "name to say so",) or sig.notes[0].endswith("write -1 or a name to say so"), sig.notes
+
+
+def test_required_false_for_an_input_the_graph_needs_is_a_note_unless_strict(tmp_path):
+    project, info = _project(tmp_path, "inputs:\n  features: {required: false}\n", strict=False)
+    sig = reconcile(project, info)
+    assert sig.inputs[0].required and len(sig.notes) == 1
+    assert "inputs.features.required: false, but 'features' has no default" in sig.notes[0]
 
 
 def test_omitted_io_comes_from_model(tmp_path):

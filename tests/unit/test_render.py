@@ -159,7 +159,7 @@ LABEL_VALUES = {  # YAML double-quoted text -> the label's value
     r"a\nb": "a b", r"a\rb": "a b", r"a\tb": "a b", r"a\vb": "a b", r"a\fb": "a b", r"a\u2028b": "a b",
     r"a\u202eb": "a b", r"a\u0085b": "a b", r"a\u2029b": "a b", r"a\u200bb": "a b", r"a\ufeffb": "a b",
     r"a\x1cb": "a b", r"a\x00b": "a b", r"  a \r\n\r\n\u00a0 b\t": "a b", r"\t": "",
-    r"say \"hi\" \\ $HOME ${X}": 'say "hi" \\ $HOME ${X}', r"caf\u00e9 \u2192 ok": "caf\u00e9 \u2192 ok",
+    r"say \"hi\" \\ $HOME $${X}": 'say "hi" \\ $HOME ${X}', r"caf\u00e9 \u2192 ok": "caf\u00e9 \u2192 ok",
 }  # fmt: skip
 
 
