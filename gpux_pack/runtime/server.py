@@ -17,7 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Union
 
 import numpy as np
 
@@ -25,12 +25,14 @@ from .metrics import Metrics, route
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from .session import AccuracyError, Model
-from .tensors import (JSON_FACTOR, RequestError, TensorSpec, V2Request, decode_predict, decode_v2, dumps, encode_predict,
-                      encode_v2, hole_inputs, numeric_body, parse_json, plain_numbers, split_binary, to_json)
+from .tensors import (JSON_FACTOR, RequestError, TensorSpec, V2Request, decode_predict, decode_predict_batch, decode_v2,
+                      dumps, encode_predict, encode_v2, hole_inputs, numeric_body, parse_json, plain_numbers,
+                      split_binary, to_json)
 
 log = logging.getLogger("gpux")
 access = logging.getLogger("gpux.access")
 
+Feeds = Union[dict[str, np.ndarray], list[dict[str, np.ndarray]]]  # one request's, or a /predict array's
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -48,8 +50,19 @@ class Response:
     held: int = 0  # in-flight bytes this answer is charged, released once it is sent
 
 
+def _encode_each(answers: list[dict[str, Any]]) -> bytes:
+    return b"[" + b",".join(encode_predict(a) for a in answers) + b"]"
+
+
 def _json(status: int, value: Any) -> Response:
     return Response(status, dumps(value))
+
+
+def _wants_json(scope: dict[str, Any]) -> bool:
+    """Accept names application/json before any text type (GPUX's clients); scrapers ask for text."""
+    accept = b",".join(v for k, v in scope.get("headers") or () if k == b"accept").lower()
+    kinds = [part.split(b";")[0].strip() for part in accept.split(b",")]
+    return b"application/json" in kinds and not any(k.startswith(b"text/") for k in kinds[:kinds.index(b"application/json")])
 
 
 class App:
@@ -135,7 +148,9 @@ class App:
         try:
             response = await self._route(scope, receive)
         except RequestError as e:
-            response, allow = _json(e.status, {"error": str(e)}), e.allow
+            # KServe v2's error body is {"error"}; GPUX's (FastAPI's) {"detail"}: both, off /v2
+            body = {"error": str(e)} if scope["path"].startswith("/v2") else {"error": str(e), "detail": str(e)}
+            response, allow = _json(e.status, body), e.allow
             self.count_refusal(e)
             if e.status == 503:
                 response.headers.append((b"retry-after", b"1"))
@@ -187,14 +202,18 @@ class App:
         model = self.model
         name, version = model.spec["name"], model.spec["version"]
 
-        if path == "/health":
+        if path == "/health":  # GPUX's answer (monitoring checks status == "healthy"), and ours
             self._only(method, "GET")
-            return _json(200, {"status": "ready"}) if self.is_ready() else _json(503, {"status": self.state()})
+            title, ready = model.spec.get("title", name), self.is_ready()
+            return _json(200 if ready else 503, {"status": "healthy" if ready else self.state(), "model": title,
+                                                 "ready": ready})  # fmt: skip
         if path == "/info":
             self._only(method, "GET")
             return _json(200, to_json(model.info()))  # metadata from the model may hold NaN or odd types
         if path == "/metrics":
             self._only(method, "GET")
+            if _wants_json(scope):  # GPUX's /metrics: the provider in use and what onnxruntime offers
+                return _json(200, model.provider_report())
             self.metrics.queue.set(self.scheduler.depth)
             self.metrics.in_flight.set(self.in_flight_bytes)
             body, content_type = self.metrics.render()
@@ -278,6 +297,10 @@ class App:
             needed = self.hold(needed)
             self.release(held)
             held = needed
+            if isinstance(feeds, list):  # GPUX's batch form: each item a run (batched when batching is on)
+                response = await self._predict_each(feeds, held)
+                held = 0  # released once the answer is sent
+                return response
             outputs = await self.run(feeds, request.outputs)
             del feeds
             large = sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES // 4
@@ -307,6 +330,18 @@ class App:
             return response
         finally:
             self.release(held)
+
+    async def _predict_each(self, feeds: list[dict[str, np.ndarray]], held: int) -> Response:
+        """Run every item of a /predict array at once; the answers in the same order, or the first
+        item's error, naming it. Waits for every run, so what they hold is released after them."""
+        answers = await asyncio.gather(*(self.run(one, None) for one in feeds), return_exceptions=True)
+        for i, answer in enumerate(answers):
+            if isinstance(answer, RequestError):
+                raise RequestError(f"request [{i}]: {answer}", answer.status, refused=answer.refused) from None
+            if isinstance(answer, BaseException):
+                raise answer
+        parts = await asyncio.get_running_loop().run_in_executor(self.codec, _encode_each, answers)
+        return Response(200, parts, held=held)
 
     def count_refusal(self, e: RequestError) -> None:
         """gpux_refused_total, once per refused request (HTTP and gRPC alike)."""
@@ -383,7 +418,7 @@ class App:
         del buffer[size:]  # less than declared: what came
         return buffer, extra
 
-    def _decode(self, body: bytes | bytearray, headers: dict[bytes, bytes], v2: bool) -> tuple[dict[str, np.ndarray], V2Request, int]:
+    def _decode(self, body: bytes | bytearray, headers: dict[bytes, bytes], v2: bool) -> tuple[Feeds, V2Request, int]:
         """In a codec thread: the body as feeds, checked against the per-request budget, and the
         bytes the rest of the request will hold (its tensors, the graph's intermediate tensors,
         the outputs and the answer).
@@ -400,8 +435,8 @@ class App:
         elif length is not None:  # the JSON header as objects; the tensors are views of the body
             header_bytes = int(length) if length.strip().isdigit() else len(body)
             cost = min(header_bytes, len(body)) * JSON_FACTOR
-        else:
-            numeric = numeric_body(body)
+        else:  # a top-level array (GPUX's batch form) is parsed whole
+            numeric = numeric_body(body) if v2 or body[:64].lstrip()[:1] != b"[" else None
             holes = hole_inputs(numeric, model.inputs, model.overridable, v2) if numeric else None
             direct = numeric is not None and holes is not None  # else the body is parsed whole
             if direct:
@@ -431,20 +466,28 @@ class App:
                     parsed, fast = numeric.fill(holes.get), False  # type: ignore[union-attr]
                 else:
                     parsed = parse_json(body)
-                    fast = plain_numbers(body, parsed, v2=False)
-                feeds = decode_predict(parsed, model.inputs, model.overridable, fast, model.outputs)
+                    fast = not isinstance(parsed, list) and plain_numbers(body, parsed, v2=False)
+                if isinstance(parsed, list):
+                    feeds = decode_predict_batch(parsed, model.inputs, model.overridable, model.outputs,
+                                                 model.settings.max_queue)  # fmt: skip
+                else:
+                    feeds = decode_predict(parsed, model.inputs, model.overridable, fast, model.outputs)
                 request = V2Request()
         finally:
             self.release(held)
         return feeds, request, self.request_bytes(feeds, request, v2)
 
-    def request_bytes(self, feeds: dict[str, np.ndarray], request: V2Request, v2: bool) -> int:
+    def request_bytes(self, feeds: Feeds, request: V2Request, v2: bool) -> int:
         """What a decoded request holds until its answer is sent: its tensors, the graph's
         intermediate tensors and the outputs they imply, the answer (JSON text, or the binary
-        outputs' bytes once more) and REQUEST_OVERHEAD; a 413 past GPUX_MAX_REQUEST_BYTES."""
+        outputs' bytes once more) and REQUEST_OVERHEAD; a 413 past GPUX_MAX_REQUEST_BYTES. An
+        array of requests (GPUX's batch form) holds them all."""
         model, budget = self.model, self.model.settings.max_request_bytes
-        outputs, answer = _output_size(model.inputs, model.outputs, feeds, request, v2)
-        needed = sum(a.nbytes for a in feeds.values()) + outputs + answer + _working(self.working, feeds) + REQUEST_OVERHEAD
+        needed, outputs, answer = REQUEST_OVERHEAD, 0, 0
+        for one in feeds if isinstance(feeds, list) else [feeds]:
+            out, text = _output_size(model.inputs, model.outputs, one, request, v2)
+            outputs, answer = outputs + out, answer + text
+            needed += sum(a.nbytes for a in one.values()) + out + text + _working(self.working, one)
         if needed > budget:
             hint = "ask for binary outputs or send fewer rows" if answer > outputs else "send fewer rows"
             raise RequestError(f"this request needs about {needed} bytes (its tensors, the model's intermediate "

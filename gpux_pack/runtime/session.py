@@ -364,13 +364,20 @@ class Model:
         import onnxruntime as ort
 
         spec = self.spec
+        size = int(spec["model"].get("size_bytes") or 0)
         return {
-            "name": spec["name"],
+            "name": spec.get("title", spec["name"]),  # gpux.yml's name as written (GPUX's /info)
+            "model_name": spec["name"],  # the name KServe v2 URLs use
             "version": spec["version"],
             "description": spec.get("description"),
+            # GPUX's model fields
+            "format": "onnx",
+            "path": str(self.settings.root / spec["model"]["path"]),
+            "size_bytes": size,
+            "size_mb": round(size / (1024 * 1024), 2),
             "model": {k: spec["model"][k] for k in ("file", "sha256", "size_bytes", "opset") if k in spec["model"]},
-            "inputs": spec["inputs"],
-            "outputs": spec["outputs"],
+            "inputs": [{"required": True, "description": None, **t} for t in spec["inputs"]],
+            "outputs": [{"labels": None, "description": None, **t} for t in spec["outputs"]],
             "provider": spec.get("provider"),
             "execution_providers": {"requested": self.requested, "active": self.active},
             "onnxruntime": ort.__version__,
@@ -380,6 +387,34 @@ class Model:
             "metadata": spec.get("metadata", {}),
             "gpux_pack": spec.get("pack_version"),
         }
+
+
+    def provider_report(self) -> dict[str, Any]:
+        """GPUX's /metrics as JSON: the execution provider that runs the model, with its options,
+        and every provider this onnxruntime offers."""
+        import onnxruntime as ort
+
+        active = self.active[0] if self.active else "CPUExecutionProvider"
+        options = dict(self.settings.providers).get(active, {})
+        platform, description = PROVIDER_FACTS.get(active, ("", ""))
+        return {
+            "provider": {"name": active, "available": True, "config": options, "platform": platform,
+                         "description": description},
+            "available_providers": ort.get_available_providers(),
+            "active_providers": self.active,
+        }  # fmt: skip
+
+
+# GPUX's /metrics describes the provider in use: its vendor and what it runs on
+PROVIDER_FACTS: dict[str, tuple[str, str]] = {
+    "TensorrtExecutionProvider": ("NVIDIA", "NVIDIA TensorRT engines compiled for this GPU"),
+    "NvTensorRTRTXExecutionProvider": ("NVIDIA", "NVIDIA TensorRT-RTX engines compiled for this GPU"),
+    "CUDAExecutionProvider": ("NVIDIA", "NVIDIA CUDA acceleration"),
+    "ROCMExecutionProvider": ("AMD", "AMD ROCm acceleration"),
+    "MIGraphXExecutionProvider": ("AMD", "AMD MIGraphX graph compilation"),
+    "OpenVINOExecutionProvider": ("Intel", "Intel OpenVINO acceleration"),
+    "CPUExecutionProvider": ("Universal", "CPU execution"),
+}
 
 
 @dataclass

@@ -447,6 +447,26 @@ def decode_predict(
     return feeds
 
 
+def decode_predict_batch(
+    body: list[Any], inputs: list[TensorSpec], overridable: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+    most: int,
+) -> list[dict[str, np.ndarray]]:
+    """GPUX's batch form: a JSON array of /predict objects, each decoded as one; an error names
+    the item. At most `most` items (the scheduler's queue: each is a run)."""
+    if not body:
+        raise RequestError("the array holds no request; send [{\"<input>\": ...}, ...] or one object")
+    if len(body) > most:
+        raise RequestError(f"{len(body)} requests in one array; this server takes at most {most} at once "
+                           "(GPUX_MAX_QUEUE)", 413)  # fmt: skip
+    feeds = []
+    for i, item in enumerate(body):
+        try:
+            feeds.append(decode_predict(item, inputs, overridable, False, outputs))
+        except RequestError as e:
+            raise RequestError(f"request [{i}]: {e}", e.status) from None
+    return feeds
+
+
 def _names(inputs: list[TensorSpec]) -> str:
     return ", ".join(s.name for s in inputs)
 

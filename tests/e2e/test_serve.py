@@ -35,7 +35,7 @@ def test_mlp_answers_equal_onnxruntime(mlp_image, batch):
     x = np.random.default_rng(batch).normal(size=(batch, 4)).astype(np.float32)
     expected = reference("mlp", {"features": x})
     with serve(mlp_image["tag"], read_only=True, tmpfs={"/tmp": "rw,size=64m"}) as server:
-        assert server.get("/health").json() == {"status": "ready"}
+        assert server.get("/health").json() == {"status": "healthy", "model": "iris-mlp", "ready": True}
         predicted = server.post("/predict", json={"features": x.tolist()})
         assert predicted.status_code == 200, predicted.text
         v2 = v2_infer(server, "iris-mlp", {"features": x})

@@ -103,7 +103,7 @@ def test_predict_and_v2_match_onnxruntime(mlp):
 
 
 def test_metadata_health_info(mlp):
-    assert mlp.request("GET", "/health")[:2] == (200, {"status": "ready"})
+    assert mlp.request("GET", "/health")[:2] == (200, {"status": "healthy", "model": "iris-mlp", "ready": True})
     assert mlp.request("GET", "/v2/health/live")[0] == 200
     assert mlp.request("GET", "/v2/models/iris-mlp/ready")[0] == 200
     assert mlp.request("GET", "/v2/models/iris-mlp/versions/1.0.0/ready")[0] == 200
@@ -162,7 +162,7 @@ def test_body_limit(tmp_path):
 def test_503_until_warm(tmp_path):
     client = Client(App(Model.load(settings(spec_dir(tmp_path, "mlp")))))
     assert client.request("GET", "/v2/health/ready")[0] == 503
-    assert client.request("GET", "/health")[:2] == (503, {"status": "warming up"})
+    assert client.request("GET", "/health")[:2] == (503, {"status": "warming up", "model": "iris-mlp", "ready": False})
     status, body, _ = client.request("POST", "/predict", {"features": [[1, 2, 3, 4]]})
     assert status == 503 and "warming up" in body["error"]
 
