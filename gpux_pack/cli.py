@@ -511,8 +511,10 @@ def serve_cmd(
 @app.command("predict")
 def predict_cmd(
     target: str = typer.Argument(..., help="An image built by gpux-pack, or a project folder / gpux.yml."),
-    inputs: list[str] = typer.Option(..., "--input", "-i", help="NAME=FILE.npy, NAME=FILE.json, or FILE.json "
-                                     "holding {NAME: values} (repeatable)."),
+    inputs: list[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy, NAME=FILE.json, NAME=[values], "
+                                     "FILE.json or @FILE.json holding {NAME: values}, or that object inline "
+                                     "(repeatable)."),
+    files: list[Path] = typer.Option([], "--file", "-f", help="A JSON file holding {NAME: values} (GPUX's -f)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the outputs: FILE.json, or a folder "
                                           "of NAME.npy files (default: print JSON)."),
     provider: Optional[str] = typer.Option(None, "--provider", "-p", help="For a project: the provider to run with."),
@@ -520,9 +522,14 @@ def predict_cmd(
                                 "ready, and for the answer."),
     cpu_fallback: bool = typer.Option(False, "--cpu-fallback", help="For an image: serve on CPU when this host "
                                       "lacks its device."),
+    benchmark: bool = typer.Option(False, "--benchmark", help="For a project: time the model in this process "
+                                   "(GPUX's run --benchmark): mean, std, min, max, median, p95, p99, throughput."),
+    runs: int = typer.Option(100, "--runs", min=1, max=100000, help="With --benchmark: timed runs."),
+    warmup: int = typer.Option(10, "--warmup", min=0, max=10000, help="With --benchmark: untimed runs first."),
+    json_out: bool = typer.Option(False, "--json", help="With --benchmark: one JSON document on stdout."),
 ) -> None:
     """One inference: in this process for a project, over KServe v2 for an image (a running
-    container of it, else a fresh one, removed after)."""
+    container of it, else a fresh one, removed after). --benchmark: GPUX's in-process timing."""
     try:
         from gpux_pack.commands import predict
         from gpux_pack.runtime.tensors import dumps, to_json
@@ -530,8 +537,16 @@ def predict_cmd(
         raise UsageError(f"predict needs the image runtime's libraries here ({e.name} is missing): pip install "
                          "'gpux-pack[serve]'") from None  # fmt: skip
 
-    given = predict.read_inputs(inputs)
+    given = predict.read_inputs([*inputs, *(f"@{f}" for f in files)])
     ui = Reporter()
+    if benchmark:
+        if not Path(target).exists():
+            raise UsageError(f"{target}: --benchmark times a project's model in this process; for an image, "
+                             "gpux-pack bench IMAGE")  # fmt: skip
+        _benchmark(predict.benchmark(Path(target), provider, given, runs, warmup, ui), json_out)
+        return
+    if not given:
+        raise typer.BadParameter("give the model's inputs (NAME=FILE, FILE.json or inline JSON)", param_hint="--input")
     if Path(target).exists():
         outputs = predict.in_process(Path(target), provider, given, ui)
     elif target.startswith(("/", "./", "../", "~")) or target.endswith((".yml", ".yaml")):
@@ -546,6 +561,18 @@ def predict_cmd(
             print(path)
         return
     sys.stdout.write(dumps(to_json(outputs)).decode() + "\n")
+
+
+def _benchmark(result: dict[str, Any], json_out: bool) -> None:
+    if json_out:
+        print(json.dumps(result, indent=2))
+        return
+    print(_printable(f"{result['runs']} runs after {result['warmup']} warmup runs on {result['provider']} "
+                     f"({result['reason']})"))  # fmt: skip
+    for key, value in result.items():
+        if key.endswith("_time_ms"):
+            print(f"  {key[:-8]:<10} {value:>12.4f} ms")
+    print(f"  {'throughput':<10} {result['throughput_fps']:>12.2f} runs/s")
 
 
 @app.command("init")
@@ -758,11 +785,20 @@ def base_render(
 
 @app.command("inspect")
 def inspect_cmd(
-    image: str = typer.Argument(..., help="Image reference or id; one only in its registry is read from there."),
+    image: str = typer.Argument(..., help="Image reference or id (one only in its registry is read from there); "
+                                "or a project folder, gpux.yml or .onnx file."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """The gpux labels of a built image (on this engine, else in the registry its name gives)."""
+    """The gpux labels of a built image (on this engine, else in the registry its name gives); for
+    a project or a model file, its inputs, outputs, opsets and size, without Docker."""
     from gpux_pack.registry import remote
+
+    if Path(image).exists():
+        from gpux_pack.commands import inspect
+
+        info = inspect.of_path(Path(image))
+        print(json.dumps(info, indent=2) if json_out else "\n".join(_printable(line) for line in inspect.lines(info)))
+        return
 
     found = remote.read(engine.try_connect(), image, built_by_us=False)
     info = {"image": image, "id": found.id, "size_bytes": found.size_bytes, "labels": found.shown,

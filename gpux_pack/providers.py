@@ -52,7 +52,9 @@ DEVICES: dict[str, Device] = {
     d.name: d
     for d in (
         Device("nvidia", "an NVIDIA GPU (nvidia runtime or CDI)", "nvidia", "cuda",
-               "exposes an NVIDIA GPU ({details})", gpus="all", kubernetes="nvidia.com/gpu"),
+               "exposes an NVIDIA GPU ({details}); cuda, not tensorrt (which GPUX ranks first): TensorRT compiles "
+               "an engine for each GPU and input shape before it serves, minutes on a first start, and adds about "
+               "1 GB of libraries; --provider tensorrt asks for it", gpus="all", kubernetes="nvidia.com/gpu"),
         Device("amd", "an AMD GPU (/dev/kfd)", "amd", "rocm", "has an AMD GPU (/dev/kfd)",
                devices=("/dev/kfd", "/dev/dri"), groups=("video",), kubernetes="amd.com/gpu"),
         Device("intel", "an Intel GPU (/dev/dri)", "intel_gpu", "openvino", "has an Intel GPU (/dev/dri)",

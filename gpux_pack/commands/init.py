@@ -21,7 +21,8 @@ from gpux_pack.project.model import inspect_model
 HEADER = """\
 # Written by `gpux-pack init` from {model}: the inputs and outputs are the graph's own.
 # Edit names, description and serving; then: gpux-pack build {folder}
-# Dimensions: a number is fixed, a name is dynamic (the same name must match across inputs).
+# Dimensions: a number is fixed, -1 is dynamic (the graph's own names, such as batch, still apply;
+# GPUX itself reads only numbers, so this file is one GPUX reads too).
 """
 
 
@@ -52,7 +53,7 @@ def document(model: Path, where: Path) -> dict[str, Any]:
             return {}
         out: dict[str, Any] = {"type": t.type}
         if t.shape is not None:
-            out["shape"] = [d if isinstance(d, str) or d >= 0 else -1 for d in t.shape]
+            out["shape"] = [d if isinstance(d, int) and d >= 0 else -1 for d in t.shape]
         return out
 
     return {

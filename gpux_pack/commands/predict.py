@@ -46,16 +46,26 @@ class Given:
 
 
 def read_inputs(items: list[str]) -> list[Given]:
-    """`name=FILE.npy`, `name=FILE.json`, or `FILE.json` holding {"name": values, ...}."""
+    """`name=FILE.npy`, `name=FILE.json`, `FILE.json` or `@FILE.json` holding {"name": values, ...},
+    and, as GPUX's `run -i` takes them, inline JSON: `{"name": values}` or `name=[[1, 2]]`."""
     given: list[Given] = []
     for item in items:
+        what = f"--input {_shown(item)}"
+        if item.lstrip().startswith("{"):  # GPUX: -i '{"x": [[1, 2]]}'
+            given += _inline(item, "", what)
+            continue
         name, sep, file = item.partition("=")
         if not sep:
-            name, file = "", item
+            name, file = "", item.removeprefix("@")  # GPUX: -i @file.json
         path = Path(file)
-        what = f"--input {item}"
+        if sep and not name:
+            raise UsageError(f"{what}: expected NAME=VALUES")
         if path.suffix.lower() not in (".npy", ".json"):
-            raise UsageError(f"{what}: expected NAME=FILE.npy, NAME=FILE.json or FILE.json")
+            if sep:
+                given += _inline(file, name, what)  # name=[[1, 2]]: inline JSON values
+                continue
+            raise UsageError(f"{what}: expected NAME=FILE.npy, NAME=FILE.json, FILE.json, @FILE.json, inline JSON "
+                             "({\"NAME\": values}) or NAME=[values]")  # fmt: skip
         try:
             if path.suffix.lower() == ".npy":
                 if not name:
@@ -73,6 +83,28 @@ def read_inputs(items: list[str]) -> list[Given]:
             given += [Given(str(k), v, what) for k, v in value.items()]
         else:
             raise UsageError(f"{what}: a JSON file without NAME= must hold an object of input names to values")
+    return _once(given)
+
+
+def _inline(text: str, name: str, what: str) -> list[Given]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{what}: expected NAME=FILE.npy, NAME=FILE.json or inline JSON such as NAME=[[1, 2]] "
+                         f"(not JSON: {' '.join(str(e).split())[:120]})") from None  # fmt: skip
+    if name:
+        return [Given(name, value, what)]
+    if not isinstance(value, dict) or not value:
+        raise UsageError(f"{what}: inline JSON without NAME= must be an object of input names to values")
+    return [Given(str(k), v, what) for k, v in value.items()]
+
+
+def _shown(text: str) -> str:
+    text = text if len(text) <= 300 else text[:280] + "..."  # a path in full; inline JSON may be long
+    return text if text.isprintable() else ascii(text)
+
+
+def _once(given: list[Given]) -> list[Given]:
     names = [g.name for g in given]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -138,6 +170,43 @@ def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -
             return readable(model.run(arrays), model.outputs)
         except Exception as e:  # ONNX Runtime's own refusal of the values (an index out of range, ...)
             raise PredictError(f"the model refused the inputs: {' '.join(str(e).split())[:300]}") from None
+
+
+STATISTICS = ("mean", "std", "min", "max", "median", "p95", "p99")  # GPUX's `run --benchmark`, in ms
+
+
+def benchmark(path: Path, flag: str | None, given: list[Given], runs: int, warmup: int, ui: Reporter) -> dict[str, Any]:
+    """GPUX's `run --benchmark`: the model in this process on this machine's onnxruntime and
+    provider, `warmup` untimed runs, then `runs` timed ones (the --input given, else the inputs
+    the image's warmup makes). GPUX's keys: <statistic>_time_ms and throughput_fps (1 / mean)."""
+    import time
+
+    from gpux_pack.runtime.session import Model, StartupError
+    from gpux_pack.runtime.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="gpux-bench-") as tmp:
+        staged = serve.stage(path, flag, Path(tmp), ui)
+        try:
+            model = Model.load(Settings.load(staged.env(GPUX_LOG_LEVEL="warning")), warm_up=False)
+        except StartupError as e:
+            raise PackError(str(e)) from None
+        arrays = feeds(model.inputs, given) if given else model.warmup_feeds()[0]
+        times = np.empty(runs)
+        try:
+            for _ in range(warmup):
+                model.run(arrays)
+            for i in range(runs):
+                started = time.perf_counter()
+                model.run(arrays)
+                times[i] = time.perf_counter() - started
+        except Exception as e:
+            raise PredictError(f"the model refused the inputs: {' '.join(str(e).split())[:300]}") from None
+    ms = times * 1000
+    values = (ms.mean(), ms.std(), ms.min(), ms.max(), np.median(ms), np.percentile(ms, 95), np.percentile(ms, 99))
+    out: dict[str, Any] = {f"{name}_time_ms": round(float(v), 4) for name, v in zip(STATISTICS, values)}
+    out["throughput_fps"] = round(1000 / max(float(ms.mean()), 1e-9), 2)
+    return {**out, "runs": runs, "warmup": warmup, "provider": model.active[0] if model.active else staged.provider,
+            "reason": staged.reason, "inputs": {name: list(a.shape) for name, a in arrays.items()}}  # fmt: skip
 
 
 def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,

@@ -9,7 +9,6 @@ is refused, as a typo should be."""
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import typing
@@ -119,9 +118,8 @@ def load_project(path: Path, strict: bool = False) -> Project:
     if found:
         where, problem = found
         raise ConfigError(display, _dotted(where) or None, problem, _line(lines, where))
-    data = copy.deepcopy(data)  # YAML aliases share objects; what is expanded or left out is per place
     variables: dict[str, str | None] = {}
-    data = _expand(data, (), variables, lines, display)
+    data = _expand(data, (), variables, lines, display)  # a copy: a YAML alias's places no longer share objects
     pack = data.get("pack")
     strict = strict or (isinstance(pack, dict) and pack.get("strict") is True)
     if repeated and strict:

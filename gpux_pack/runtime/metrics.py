@@ -16,7 +16,8 @@ import orjson
 
 LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-ROUTES = ("/predict", "/info", "/health", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready")
+ROUTES = ("/predict", "/info", "/health", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready", "/openapi.json",
+          "/docs", "/redoc")
 
 
 class Metrics:

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Union
 
 import numpy as np
 
+from . import openapi
 from .metrics import Metrics, route
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
@@ -75,6 +76,7 @@ class App:
         self.server: Any = None  # uvicorn's: its should_exit is the drain, and warmup can stop it
         self.grpc: Any = None  # the grpc.aio server, when serving.grpc_port is set
         self.failed: str | None = None
+        self.openapi: bytes | None = None  # /openapi.json, made on the first request
         self.metrics = Metrics()
         cpus = settings.limits.cpus if settings.limits else 2
         self.codec = ThreadPoolExecutor(max_workers=max(2, min(8, cpus)), thread_name_prefix="codec")
@@ -221,6 +223,14 @@ class App:
         if path == "/predict":
             self._only(method, "POST")
             return await self._infer_request(scope, receive, v2=False)
+        if path == "/openapi.json":  # GPUX's (FastAPI's) API description, and a page that renders it
+            self._only(method, "GET")
+            if self.openapi is None:
+                self.openapi = dumps(openapi.document(model.spec, self.pack_version))
+            return Response(200, self.openapi)
+        if path in ("/docs", "/redoc"):
+            self._only(method, "GET")
+            return Response(200, openapi.DOCS_PAGE, b"text/html; charset=utf-8")
         if path == "/v2":
             self._only(method, "GET")
             return _json(200, {"name": "gpux", "version": self.pack_version, "extensions": ["binary_tensor_data"]})

@@ -320,7 +320,7 @@ pack:
     rlo: "a\\u202eb"
     zwsp-bom: "a\\u200bb\\ufeffc"
     ends: "  a  "
-    quoted: "say \\"hi\\" \\\\ $HOME ${X}"
+    quoted: "say \\"hi\\" \\\\ $HOME $${X}"
 """
 
 

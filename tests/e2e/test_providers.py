@@ -230,8 +230,11 @@ def test_run_in_the_foreground_stops_and_removes_on_ctrl_c(mlp_image, docker_cli
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a failure above: nothing left behind for the tests after this one
             proc.kill()
+            proc.wait()
+            for container in docker_client.containers.list(all=True, filters={"label": "io.gpux.pack.role=run"}):
+                container.remove(force=True)
     assert not docker_client.containers.list(all=True, filters={"label": "io.gpux.pack.role=run"})
 
 

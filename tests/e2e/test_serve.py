@@ -200,6 +200,7 @@ def test_bad_variable_exits_2_with_one_line(mlp_image, docker_client):
 def test_deep_json_is_400_and_serving_goes_on(mlp_image):
     with serve(mlp_image["tag"]) as server:
         r = server.post("/predict", data=b"[" * 100_000 + b"]" * 100_000, headers={"content-type": "application/json"})
-        assert r.status_code == 400 and r.json() == {"error": "the JSON body is nested deeper than 1024 levels"}
+        text = "the JSON body is nested deeper than 1024 levels"
+        assert r.status_code == 400 and r.json() == {"error": text, "detail": text}
         r = server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]})
         assert r.status_code == 200 and set(r.json()) == {"logits", "probs"}

@@ -461,9 +461,16 @@ def test_init_writes_the_graphs_inputs_and_outputs(tmp_path, example):
     assert proc.returncode == 0, proc.stderr
     written = yaml.safe_load((folder / "gpux.yml").read_text())
     inputs, outputs = graph_io(model)
-    assert {k: (v["type"], v["shape"]) for k, v in written["inputs"].items()} == inputs
-    assert {k: (v["type"], v["shape"]) for k, v in written["outputs"].items()} == outputs
+
+    def numbers(io):  # GPUX reads only numbers: a named (dynamic) dimension is written -1
+        return {k: (t, [d if isinstance(d, int) and d > 0 else -1 for d in shape]) for k, (t, shape) in io.items()}
+
+    assert {k: (v["type"], v["shape"]) for k, v in written["inputs"].items()} == numbers(inputs)
+    assert {k: (v["type"], v["shape"]) for k, v in written["outputs"].items()} == numbers(outputs)
     assert written["name"] == "my-model" and written["model"]["source"] == "./model.onnx"
+    from gpux.config.parser import GPUXConfigParser  # GPUX 0.1.1's own parser reads it too
+
+    assert GPUXConfigParser().parse_file(folder / "gpux.yml").name == "my-model"
     # what it wrote is a project as is: it loads as a build loads it, and predicts as onnxruntime does
     assert build.load(folder).project.config.name == "my-model"
     if example == "mlp":
@@ -540,6 +547,6 @@ def test_init_lists_a_sequence_output_without_a_type(tmp_path):
     proc = run_cli("init", str(tmp_path / "seq.onnx"), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     written = yaml.safe_load((tmp_path / "gpux.yml").read_text())
-    assert written["outputs"] == {"y": {"type": "float32", "shape": ["n", 2]}, "s": {}}
+    assert written["outputs"] == {"y": {"type": "float32", "shape": [-1, 2]}, "s": {}}
     loaded = build.load(tmp_path)
     assert [t.name for t in loaded.project.config.outputs] == ["y", "s"]

@@ -182,3 +182,69 @@ def test_kserve_v2_errors_stay_as_they_are(pair):
     assert status == 400 and set(error) == {"error"}, error
     status, error, _ = ours.request("GET", "/nowhere")
     assert status == 404 and error["detail"] == error["error"]
+
+
+def _check(doc: dict, schema: dict, instance) -> None:
+    """A real answer against the document's schema (OpenAPI 3.1 schemas are JSON Schema 2020-12)."""
+    import jsonschema
+
+    jsonschema.validate(instance, {**schema, "components": doc["components"]},
+                        cls=jsonschema.Draft202012Validator)  # fmt: skip
+
+
+def _response_schema(doc: dict, path: str, method: str = "get", status: str = "200") -> dict:
+    return doc["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
+
+
+@pytest.mark.parametrize("example", ["mlp", "strings"])
+def test_openapi_is_valid_and_the_servers_answers_match_it(example, tmp_path):
+    """/openapi.json passes the OpenAPI 3.1 validator; the answers of every GPUX endpoint and of
+    v2 infer validate against the schemas it gives, and a request made from the schema is served."""
+    from openapi_spec_validator import validate
+
+    from tests.unit.test_runtime import spec_dir
+
+    app = App(Model.load(settings(spec_dir(tmp_path, example))), "test")
+    app.start_warmup()
+    assert app.ready.wait(10)
+    client = Client(app)
+    status, doc, headers = client.request("GET", "/openapi.json")
+    assert status == 200 and doc["openapi"] == "3.1.0"
+    validate(doc)
+    for path in ("/health", "/info", "/v2", "/v2/health/ready", f"/v2/models/{app.model.spec['name']}"):
+        status, body, _ = client.request("GET", path)
+        _check(doc, _response_schema(doc, path), body)
+    request = _example(doc, doc["components"]["schemas"]["PredictRequest"])
+    _check(doc, doc["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"], request)
+    status, answer, _ = client.request("POST", "/predict", request)
+    assert status == 200, answer
+    _check(doc, _response_schema(doc, "/predict", "post"), answer)
+    _check(doc, _response_schema(doc, "/predict", "post"), client.request("POST", "/predict", [request, request])[1])
+    status, error, _ = client.request("POST", "/predict", {"nope": 1})
+    _check(doc, _response_schema(doc, "/predict", "post", "400"), error)
+    _check(doc, {"$ref": "#/components/schemas/PredictRequest"}, request)
+    import jsonschema
+
+    with pytest.raises(jsonschema.ValidationError):  # the schema refuses what the server refuses
+        _check(doc, {"$ref": "#/components/schemas/PredictRequest"}, {})
+
+
+def _example(doc: dict, schema: dict):
+    """A request made from the schema alone, as a generated client would (dynamic sizes: 2)."""
+    if "$ref" in schema:
+        return _example(doc, doc["components"]["schemas"][schema["$ref"].split("/")[-1]])
+    kind = schema.get("type")
+    if kind == "object":
+        return {k: _example(doc, v) for k, v in schema["properties"].items() if k in schema.get("required", ())}
+    if kind == "array":
+        return [_example(doc, schema["items"]) for _ in range(schema.get("minItems", 2))]
+    return {"string": "text", "boolean": True, "integer": 1, "number": 0.5}[kind]
+
+
+def test_docs_page_is_served_and_reads_the_document_relatively(pair):
+    ours, _ = pair
+    for path in ("/docs", "/redoc"):
+        sent = ours.raw("GET", path, b"")
+        assert sent[0]["status"] == 200 and (b"content-type", b"text/html; charset=utf-8") in sent[0]["headers"]
+        page = sent[1]["body"]
+        assert b'fetch("openapi.json")' in page and b"http" not in page.replace(b"http-equiv", b"")  # nothing external

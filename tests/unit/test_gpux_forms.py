@@ -13,7 +13,7 @@ from gpux_pack.plan import Options, gpux_json, with_lock
 from gpux_pack.project.config import model_name
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Lock, Pin
-from tests.gpux_forms import BUILDABLE, FORMS, MANIFEST, project
+from tests.gpux_forms import BUILDABLE, FORMS, MANIFEST, REFUSED, project
 
 
 def _plan(folder, strict=False):
@@ -27,15 +27,7 @@ def _plan(folder, strict=False):
     return loaded, plan
 
 
-# Forms refused, with the field each error names: the docs' schema sketches (`name: string`,
-# `inputs: [InputSpec]`) and the v0.1.1 brainstorming notes' `runtime.gpu: auto` (GPUX refuses both)
-REFUSED = {"53-historical-gpuxfile-gpu-scalar.yml": "runtime.gpu", "55-architecture-sketch.yml": "inputs[0]"}
-
-
-PLANNED = [e for e in BUILDABLE if e["file"] not in REFUSED]
-
-
-@pytest.mark.parametrize("entry", PLANNED, ids=[e["file"][:-4] for e in PLANNED])
+@pytest.mark.parametrize("entry", BUILDABLE, ids=[e["file"][:-4] for e in BUILDABLE])
 def test_every_published_form_plans_and_names_what_it_leaves_out(entry, tmp_path, monkeypatch):
     for key, value in entry["env"].items():
         monkeypatch.setenv(key, value)

@@ -189,3 +189,15 @@ def test_ir_version_newer_than_the_images_onnxruntime_loads_is_refused(tmp_path,
         f"ir{row.onnx_ir + 1}.onnx: IR version {row.onnx_ir + 1}; {row.ort} {row.version} loads IR versions up to "
         f"{row.onnx_ir} (save it with an older IR version, e.g. onnx.helper.make_model(..., ir_version={row.onnx_ir}))"
     )
+
+
+def test_gpux_provider_spellings_are_accepted_on_the_command_line():
+    """GPUX matches `trt`, `TensorrtExecutionProvider` and `CUDAExecutionProvider` (any case)."""
+    assert providers.parse_provider_list("trt,CUDAExecutionProvider") == ["tensorrt", "cuda"]
+    assert providers.parse_provider_list("TensorrtExecutionProvider,OpenVINOExecutionProvider") == ["tensorrt", "openvino"]
+    assert providers.parse_provider_list(" CUDA ") == ["cuda"]
+
+
+def test_auto_says_why_cuda_and_not_tensorrt_on_an_nvidia_host():
+    decision = providers.decide([], [], "auto", providers.HostInfo(nvidia=True, details="1 GPU"))
+    assert decision.providers == ("cuda",) and "not tensorrt" in decision.reason and "--provider tensorrt" in decision.reason

@@ -1,0 +1,67 @@
+"""`gpux-pack inspect PATH|MODEL.onnx`: what a project or a model file holds, without Docker (GPUX's
+`inspect`): the model's inputs, outputs, opsets and size; for a project also what gpux.yml
+declares, what the image will serve and the build's notes. Images are read in cli.py (labels)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpux_pack.plan import notes
+from gpux_pack.project.config import model_name
+from gpux_pack.project.load import load_project
+from gpux_pack.project.model import ModelInfo, inspect_model, reconcile
+
+
+def of_path(path: Path) -> dict[str, Any]:
+    """A model file's facts, or a project's: both the model's and gpux.yml's."""
+    if path.is_file() and path.suffix.lower() == ".onnx":
+        model = inspect_model(path, str(path))
+        return {"model": _model(model), "inputs": _tensors(model.inputs), "outputs": _tensors(model.outputs)}
+    project = load_project(path)
+    model = inspect_model(project.model_path, str(project.model_path))
+    signature = reconcile(project, model)
+    cfg = project.config
+    declared = {side: [t.to_json() for t in getattr(cfg, side)] if getattr(cfg, side) is not None else None
+                for side in ("inputs", "outputs")}  # fmt: skip
+    return {
+        "project": {"config": project.display, "name": cfg.name, "model_name": model_name(cfg.name),
+                    "version": cfg.version, "description": cfg.description},
+        "model": _model(model),
+        "inputs": _tensors(signature.inputs),  # what the image serves: the graph's, with gpux.yml's words
+        "outputs": _tensors(signature.outputs),
+        "declared": declared,
+        "notes": list(notes(project, signature)),
+    }  # fmt: skip
+
+
+def _model(model: ModelInfo) -> dict[str, Any]:
+    return {"path": str(model.path), "files": list(model.files), "size_bytes": model.size_bytes,
+            "size_mb": round(model.size_bytes / (1024 * 1024), 2), "sha256": model.sha256,
+            "ir_version": model.ir_version, "opsets": model.opsets, "producer": model.producer,
+            "nodes": model.nodes}  # fmt: skip
+
+
+def _tensors(specs: Any) -> list[dict[str, Any]]:
+    return [t.to_json() for t in specs]
+
+
+def lines(info: dict[str, Any]) -> list[str]:
+    """The text `inspect` prints."""
+    model, out = info["model"], []
+    if "project" in info:
+        p = info["project"]
+        out.append(f"{p['name']} {p['version']}  ({p['config']}; serves as {p['model_name']})")
+    out.append(f"model  {model['path']}  {model['size_mb']} MB  IR {model['ir_version']}  opsets "
+               + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(model["opsets"].items()))
+               + (f"  by {model['producer']}" if model["producer"] else ""))  # fmt: skip
+    for side in ("inputs", "outputs"):
+        out.append(f"{side}:")
+        for t in info[side]:
+            shape = "dynamic" if t["shape"] is None else "[" + ", ".join(map(str, t["shape"])) + "]"
+            extra = "" if t.get("required", True) else "  (optional)"
+            labels = f"  labels: {', '.join(t['labels'])}" if t.get("labels") else ""
+            out.append(f"  {t['name']}  {t['type']}  {shape}{extra}{labels}")
+    for note in info.get("notes", ()):
+        out.append(f"note: {note}")
+    return out
