@@ -136,7 +136,7 @@ def _record_rebuild(root: Path, made: Any, client: Any) -> None:
     except Exception:  # a base that is not an image here: nothing to replay from
         return
     rebuild.record(sys.argv[1:], root, plan.model.path, plan.model.sha256, plan.model.size_bytes, plan.provider.name,
-                   images, lock_path(plan.requirements, plan.target), built.loaded, plan.project.variables)
+                   images, lock_path(plan.requirements, plan.target), built.loaded, plan.project.variables, _row(made))
 
 
 def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tuple[list, dict]:
@@ -167,33 +167,34 @@ def _failed(name: str, e: PackError) -> None:
     _print_error(e, prefix=f"{name}: ")
 
 
+def _row(made: Any) -> dict[str, Any]:
+    """One image's row of the build summary."""
+    plan, prepared, built, pushed = made.plan, made.prepared, made.built, made.pushed
+    return {
+        "tag": built.tag,
+        "id": built.id,
+        "size_bytes": built.size_bytes,
+        "provider": plan.provider.name,
+        "reason": plan.reason,
+        "base_image": plan.base.image,
+        "runtime_base": plan.runtime_base.tag,
+        "runtime_base_built": prepared.runtime_base_context is not None,
+        "context_bytes": prepared.context.size_bytes,
+        "platform": plan.platform,
+        "python": plan.base.python,
+        "onnxruntime": plan.lock.version_of(plan.provider.ort),
+        "warmup": plan.warmup,
+        "seconds": round(built.seconds, 2),
+        "steps": built.steps,
+        "cached_steps": built.cached_steps,
+        "assembled": built.assembled,
+        "digest": pushed.digest if pushed else None,
+        "notes": list(plan.notes),
+    }
+
+
 def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: float, indexes: list[Any]) -> None:
-    rows = []
-    for made in results:
-        plan, prepared, built, pushed = made.plan, made.prepared, made.built, made.pushed
-        rows.append(
-            {
-                "tag": built.tag,
-                "id": built.id,
-                "size_bytes": built.size_bytes,
-                "provider": plan.provider.name,
-                "reason": plan.reason,
-                "base_image": plan.base.image,
-                "runtime_base": plan.runtime_base.tag,
-                "runtime_base_built": prepared.runtime_base_context is not None,
-                "context_bytes": prepared.context.size_bytes,
-                "platform": plan.platform,
-                "python": plan.base.python,
-                "onnxruntime": plan.lock.version_of(plan.provider.ort),
-                "warmup": plan.warmup,
-                "seconds": round(built.seconds, 2),
-                "steps": built.steps,
-                "cached_steps": built.cached_steps,
-                "assembled": built.assembled,
-                "digest": pushed.digest if pushed else None,
-                "notes": list(plan.notes),
-            }
-        )
+    rows = [_row(made) for made in results]
     failed = [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in failures]
     index_rows = [{"provider": name, "tag": i.tag, "digest": i.digest,
                    "manifests": [{"platform": p, "digest": d} for p, d in i.members]} for name, i in indexes]  # fmt: skip

@@ -435,6 +435,10 @@ def notes(project: Project, signature: Signature) -> tuple[str, ...]:
         out.append(project.note(("serving", "host"), f"{cfg.serving.host} applies to `gpux-pack serve` on this "
                                                      "machine; in the image the server listens on every interface "
                                                      "(0.0.0.0), so a published port reaches it"))  # fmt: skip
+    memory = cfg.runtime.gpu.memory
+    if memory is not None and memory < 1 << 20:
+        out.append(project.note(("runtime", "gpu", "memory"), f"{memory} bytes (a number is bytes, as GPUX's tutorial "
+                                                              "writes it); write 2GB for two gigabytes"))  # fmt: skip
     return tuple(sorted(out, key=lambda note: int(m.group(1)) if (m := re.match(r"[^\n]*?:(\d+): ", note)) else 0))
 
 

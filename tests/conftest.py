@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -28,6 +29,11 @@ os.environ.setdefault("TC_HOST", "127.0.0.1")
 # the tests' own onnxruntime (reference answers) and every CLI they run: no telemetry files under
 # the developer's ~/.cache/Microsoft (test_startup.py checks the runtime and the CLI without it)
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+# A suite started in the background of a non-interactive shell (`bash .ci/run &`) inherits SIGINT
+# ignored, and so would every CLI it starts: the Ctrl-C tests would then test nothing. The
+# children get the default back when this process handles it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 900):

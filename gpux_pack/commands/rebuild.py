@@ -40,8 +40,8 @@ from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
-FORMAT = 2
-REFUSED = ("--json", "--push", "--refresh", "--no-cache", "--platform", "--warmup", "--help")
+FORMAT = 3
+REFUSED = ("--push", "--refresh", "--no-cache", "--platform", "--warmup", "--help")
 ENV_PREFIXES = ("GPUX", "DOCKER", "PIP_", "UV_", "SOURCE_DATE_EPOCH", "HOME", "XDG_CACHE_HOME", "SSL_CERT",
                 "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 MAX_PROJECT_FILES = 2000
@@ -59,6 +59,9 @@ def _record_path(argv: list[str]) -> Path:
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and k != "GPUX_PACK_REBUILD")
     key = json.dumps([FORMAT, __version__, os.getcwd(), argv, env])
     return staging.cache_dir() / "rebuild" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+HASHED = 64 << 20  # project files up to this size are compared by content when their time changes
 
 
 def _fingerprint(folder: Path, skip: set[str]) -> list[list[Any]]:
@@ -79,6 +82,30 @@ def _fingerprint(folder: Path, skip: set[str]) -> list[list[Any]]:
                 if len(found) > MAX_PROJECT_FILES:
                     raise Miss("the project folder has too many files to fingerprint")
     return sorted(found)
+
+
+def _with_digests(folder: Path, files: list[list[Any]]) -> list[list[Any]]:
+    """The fingerprint with each file's sha256 (None past HASHED: those must keep their time)."""
+    return [[name, size, mtime, _file_sha256(folder / name, size) if size <= HASHED else None]
+            for name, size, mtime in files]  # fmt: skip
+
+
+def _unchanged(folder: Path, recorded: list[list[Any]], now: list[list[Any]]) -> bool:
+    """The project's other files as recorded: the same names and sizes, and each the same time
+    or, when a checkout or a sync tool wrote it again, the same bytes (hashed only then)."""
+    if [r[:2] for r in recorded] != [n[:2] for n in now]:
+        return False
+    for (name, size, mtime, digest), (_, _, mtime_now) in zip(recorded, now):
+        if mtime_now != mtime and (digest is None or _file_sha256(folder / name, size) != digest):
+            return False
+    return True
+
+
+def _file_sha256(path: Path, size: int) -> str | None:
+    try:
+        return _sha256(path, size)
+    except (Miss, OSError):
+        return None
 
 
 def _stat(path: str) -> list[int] | None:
@@ -245,14 +272,17 @@ def _image_id(ref: str) -> str | None:
 
 def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: str, model_size: int,
            provider: str, images: dict[str, str], lock: Path, loaded: Loadable,
-           variables: tuple[tuple[str, str | None], ...] = ()) -> None:
+           variables: tuple[tuple[str, str | None], ...] = (), summary: dict[str, Any] | None = None) -> None:
     """After a build: what the next identical command needs to replay it. images: the base and
-    runtime base references -> their ids now; variables: the ${VAR}s gpux.yml used, and their values. Nothing is written when the build is not one
+    runtime base references -> their ids now; variables: the ${VAR}s gpux.yml used, and their values;
+    summary: the image's row of `build --json`, which a replay of a --json build prints anew. Nothing is written when the build is not one
     this can replay; a failure to write is not the build's failure."""
     path = _record_path(argv)
     try:
         if any(arg.split("=", 1)[0] in REFUSED for arg in argv) or os.environ.get("GPUX_PACK_REBUILD") == "0":
             raise Miss("not a command a rebuild replays")
+        if "--json" in argv and not summary:
+            raise Miss("no summary to print again")
         model = str(model_path.resolve())
         layers = []
         for lay in loaded.layers:
@@ -270,9 +300,11 @@ def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: s
                            "members": members})  # fmt: skip
         doc = {
             "format": FORMAT, "version": __version__, "tag": loaded.tag, "provider": provider,
-            "project": str(project_dir.resolve()), "files": _fingerprint(project_dir.resolve(), {model}),
+            "project": str(project_dir.resolve()),
+            "files": _with_digests(project_dir.resolve(), _fingerprint(project_dir.resolve(), {model})),
             "model": {"path": model, "sha256": model_sha256, "size": model_size, "structure": structure(model_path)},
             "images": images, "lock": [str(lock), _stat(str(lock))], "variables": [list(v) for v in variables],
+            "summary": summary,
             "config": loaded.config.decode(), "parent_diff_ids": loaded.parent_diff_ids,
             "own_history": loaded.own_history, "layers": layers,
         }  # fmt: skip
@@ -294,16 +326,16 @@ def replay(argv: list[str], quiet: bool) -> bool:
         doc = json.loads(path.read_text())
         if doc.get("format") != FORMAT or doc.get("version") != __version__:
             raise Miss("recorded by another gpux-pack")
-        line = _replay(doc, path, quiet, started)
+        line = _replay(doc, path, quiet, started, "--json" in argv)
     except (Miss, OSError, ValueError, KeyError, TypeError, IndexError, layer_tar.Unsupported):
         return False
     print(line)
     return True
 
 
-def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float) -> str:
+def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, json_out: bool = False) -> str:
     model = Path(doc["model"]["path"])
-    if _fingerprint(Path(doc["project"]), {str(model)}) != doc["files"]:
+    if not _unchanged(Path(doc["project"]), doc["files"], _fingerprint(Path(doc["project"]), {str(model)})):
         raise Miss("a project file changed")
     if _stat(doc["lock"][0]) != doc["lock"][1]:
         raise Miss("the wheel lock changed")
@@ -354,4 +386,8 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float) -> str
     doc["config"] = loaded_config.decode()
     staging.write_text(path, json.dumps(doc))
     seconds = time.perf_counter() - started
+    if json_out:  # build --json: the summary CI pipelines read, as the full build prints it
+        row = {**doc["summary"], "id": image["Id"], "size_bytes": image.get("Size", 0), "seconds": round(seconds, 2),
+               "runtime_base_built": False, "steps": 0, "cached_steps": 0}  # fmt: skip
+        return json.dumps({"images": [row], "indexes": [], "failed": [], "seconds": round(seconds, 2)}, indent=2)
     return built_line(doc["tag"], image["Id"], image.get("Size", 0), doc["provider"], seconds, "assembled, nothing ran")

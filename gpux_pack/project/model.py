@@ -367,8 +367,9 @@ def _merge(
                 )
         shape = model_t.shape
         if spec.shape is not None:
+            noted = len(notes)
             shape = _merge_shape(project, (*where, "shape"), spec.shape, model_t.shape, notes)
-            if shape != spec.shape and any(isinstance(d, int) and d >= 0 for d in spec.shape):
+            if len(notes) > noted:  # it fixed sizes the graph leaves open: warmup runs them
                 declared_shapes.append((spec.name, tuple(spec.shape)))
         if section == "inputs" and not spec.required and model_t.required:
             problem = f"'{spec.name}' has no default in the model (not an initializer), so it is required"

@@ -8,6 +8,11 @@ never closed, and a 32 MiB header was served. Here a head past `max_head` bytes 
 and closed (the limit holds to within one read, at most 256 KiB), a head not complete within
 `timeout` seconds of the connection or of its first byte is answered 408 and closed, and a body
 that sends nothing for `timeout` seconds is closed (the app sees the client gone).
+
+The limit is each request's own: pipelined requests arriving in one read are counted one by one
+(the request line and headers as the parser hands them over), and a head still unfinished at
+the end of a read counts the reads it spans, so 200 pipelined GETs with 1 KiB of headers each
+are 200 heads of 1 KiB, not one of 200 KiB.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head = 0  # bytes of the current request's head received so far
+        self._head = 0  # bytes of the current request's head the parser has handed over
+        self._spanned = 0  # bytes of the reads an unfinished head has spanned since it began
+        self._began = False  # a request began during the current read
         self._in_head = True
         self._in_body = False
         self._timer: asyncio.TimerHandle | None = None
@@ -75,28 +82,56 @@ class LimitedProtocol(HttpToolsProtocol):
             return
         if self._in_body:
             self._arm()  # the body is still arriving: its silence is what is timed
+        self._began = False
         super().data_received(data)
         if self._in_head and not self.transport.is_closing():
-            self._head += len(data)
-            if self._head > self.max_head:
-                self._refuse("431 Request Header Fields Too Large", f"the request's headers exceed {self.max_head} "
-                             "bytes (GPUX_MAX_HEADER_BYTES)", "headers")  # fmt: skip
+            # an unfinished head the parser holds: the reads it spans count whole; the read it
+            # began in is not counted (the parser hands its complete fields over, counted above)
+            self._spanned = 0 if self._began else self._spanned + len(data)
+            self._check_head(self._spanned)
+
+    def _check_head(self, size: int) -> None:
+        if size > self.max_head and not self.transport.is_closing():
+            self._refuse("431 Request Header Fields Too Large", f"the request's headers exceed {self.max_head} "
+                         "bytes (GPUX_MAX_HEADER_BYTES)", "headers")  # fmt: skip
+
+    # Once refused, the rest of the read is parsed to no effect: nothing more reaches the app.
+    def on_url(self, url: bytes) -> None:
+        self._head += len(url)
+        self._check_head(self._head)
+        if not self.transport.is_closing():
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head += len(name) + len(value) + 4  # "name: value\r\n"
+        self._check_head(self._head)
+        if not self.transport.is_closing():
+            super().on_header(name, value)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._began = True
+        self._head = self._spanned = 0
         if not self._in_head:  # a later request on this connection: its head is timed anew
-            self._in_head, self._head = True, 0
+            self._in_head = True
             self._arm()
 
     def on_headers_complete(self) -> None:
+        if self.transport.is_closing():
+            return
         self._in_head, self._in_body = False, True
         self._arm()
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if not self.transport.is_closing() or self.cycle is not None:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._in_body = False
         self._disarm()
-        super().on_message_complete()
+        if not self.transport.is_closing() or self.cycle is not None:
+            super().on_message_complete()
 
 
 def protocol(max_head: int, timeout: float, refused: Callable[[str], None]) -> Any:

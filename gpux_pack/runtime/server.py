@@ -288,9 +288,9 @@ class App:
         if declared > limit:
             raise RequestError(f"request body of {declared} bytes exceeds the limit of {limit} "
                                "(GPUX_MAX_BODY_BYTES)", 413)  # fmt: skip
-        held = self.hold(declared + REQUEST_OVERHEAD)
+        held = self.hold(REQUEST_OVERHEAD)
         try:
-            body, extra = await self._read(receive, limit, declared)
+            body, extra = await self._read(receive, limit)
             held += extra
             loop = asyncio.get_running_loop()
             self.scheduler.arrive(1)
@@ -388,13 +388,15 @@ class App:
             except RuntimeError:  # shutting down
                 pass
 
-    async def _read(self, receive: Receive, limit: int, declared: int) -> tuple[bytes | bytearray, int]:
-        """The body, within the limit; (body, the bytes beyond what was declared, held here as
-        they arrive). A body in several pieces is copied into one buffer of the declared length
-        as it comes, never joined from a list (which held it twice)."""
+    async def _read(self, receive: Receive, limit: int) -> tuple[bytes | bytearray, int]:
+        """The body, within the limit; (body, the bytes held for it). Each piece is charged to the
+        in-flight budget as it arrives, not the length the client declared: a client that
+        declares 8 MiB and trickles it holds what it has sent, so eight of them cannot hold
+        every other request off (503) for as long as they trickle. The pieces go into one buffer
+        that grows in place (past 1 MiB malloc maps it and grows it with mremap: no copy), so
+        memory grows with what arrived, as the charge does."""
         buffer: bytearray | None = None
-        chunks: list[bytes] = []
-        size = extra = 0
+        held = 0
         try:
             while True:
                 message = await receive()
@@ -402,31 +404,21 @@ class App:
                     raise RequestError("client went away", 400)
                 chunk = message.get("body", b"")
                 more = message.get("more_body", False)
-                if size == 0 and not more:
+                if buffer is None and not more:
                     if len(chunk) > limit:
                         raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
-                    return chunk, self.hold(max(0, len(chunk) - declared))  # the whole body at once: no copy
-                size += len(chunk)
-                if size > limit:
+                    return chunk, self.hold(len(chunk))  # the whole body at once: no copy
+                if buffer is None:
+                    buffer = bytearray()
+                if len(buffer) + len(chunk) > limit:
                     raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
-                if size <= declared:
-                    if buffer is None:
-                        buffer = bytearray(declared)
-                    buffer[size - len(chunk): size] = chunk
-                else:  # undeclared (chunked) bytes: held as they come
-                    extra += self.hold(len(chunk))
-                    chunks.append(chunk)
+                held += self.hold(len(chunk))
+                buffer += chunk
                 if not more:
-                    break
+                    return buffer, held
         except BaseException:
-            self.release(extra)
+            self.release(held)
             raise
-        if buffer is None:
-            return b"".join(chunks), extra
-        if chunks:  # more than declared: only a peer that ignores its own Content-Length
-            return bytes(buffer) + b"".join(chunks), extra
-        del buffer[size:]  # less than declared: what came
-        return buffer, extra
 
     def _decode(self, body: bytes | bytearray, headers: dict[bytes, bytes], v2: bool) -> tuple[Feeds, V2Request, int]:
         """In a codec thread: the body as feeds, checked against the per-request budget, and the

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import time
@@ -201,3 +202,20 @@ def test_a_weights_only_rebuild_replays_the_last_build_and_equals_a_full_one(tmp
     edit(bump)
     edited = run_cli(*args, env=env)
     assert edited.returncode == 0 and REPLAYED not in edited.stderr and "provider:" in edited.stderr, edited.stderr
+    # a checkout or a sync tool writes gpux.yml again with the same bytes (a new mtime): still replayed
+    edit(bump)
+    text = config.read_bytes()
+    config.unlink()
+    config.write_bytes(text)
+    os.utime(config, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    rewritten = run_cli(*args, env=env)
+    assert rewritten.returncode == 0 and REPLAYED in rewritten.stderr, rewritten.stderr
+    # build --json, as CI pipelines call it: replayed too, with the summary a full build prints
+    from gpux_pack.commands.summary import BuildSummary
+
+    assert run_cli(*args, "--json", env=env).returncode == 0  # the first --json build records
+    edit(bump)
+    as_json = run_cli(*args, "--json", env=env)
+    assert as_json.returncode == 0 and REPLAYED in as_json.stderr, as_json.stderr
+    [row] = BuildSummary.model_validate_json(as_json.stdout).images
+    assert row.tag == tag and row.id == docker_client.images.get(tag).id and row.assembled

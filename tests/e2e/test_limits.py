@@ -140,3 +140,32 @@ def test_parallel_and_sequential_requests_inside_the_limits_never_oom_kill(grpc_
                     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, (size, parallel, codes)
                     _alive(server)
             assert call(_grpc_infer_bytes(False, 4096 * 16)) == "OK"
+
+
+def test_eight_trickling_uploads_do_not_hold_other_clients_off(mlp_image):
+    """`--memory 128m` (a 64 MiB in-flight budget): eight connections declare 8 MiB bodies and
+    send a few bytes now and then. Charged by what they declared, they held the whole budget and
+    every other request was 503 for as long as they trickled; charged by what arrived, they hold
+    a few kilobytes, and other clients are answered 200 meanwhile, the container alive."""
+    with serve(mlp_image["tag"], mem_limit="128m", env={"GPUX_READ_TIMEOUT": "30"}, **LOCKED) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        slow = []
+        try:
+            for _ in range(8):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+                sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 8388608\r\n\r\n" + b'{"features": [' + b"[1,2,3,4]," * 100)  # fmt: skip
+                slow.append(sock)
+            for _ in range(3):  # the tricklers keep sending (each under the read timeout) while others ask
+                for sock in slow:
+                    sock.sendall(b"[1,2,3,4]," * 10)
+                answers = [server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]] * 1000}).status_code
+                           for _ in range(10)]  # fmt: skip
+                assert answers == [200] * 10, answers
+            metrics = server.get("/metrics").text
+            assert 'gpux_refused_total{reason="memory"}' not in metrics or \
+                   'gpux_refused_total{reason="memory"} 0.0' in metrics  # fmt: skip
+        finally:
+            for sock in slow:
+                sock.close()
+        _alive(server)

@@ -46,6 +46,16 @@ def test_every_published_form_plans_and_names_what_it_leaves_out(entry, tmp_path
         assert err.value.field in entry["ignored_keys"], str(err.value)
 
 
+def test_a_memory_size_without_a_unit_is_bytes_and_a_small_one_is_a_note(tmp_path, monkeypatch):
+    """GPUX's tutorial writes `memory: 4096  # Bytes`; its docs also show `memory: 2` (form 36)."""
+    [entry] = [e for e in BUILDABLE if e["file"].startswith("36-")]
+    folder = project(entry, tmp_path / "p")
+    monkeypatch.chdir(folder)
+    loaded, plan = _plan(folder)
+    assert loaded.project.config.runtime.gpu.memory == 2
+    assert any("runtime.gpu.memory: 2 bytes" in note and "2GB" in note for note in plan.notes), plan.notes
+
+
 @pytest.mark.parametrize("entry", [e for e in MANIFEST if e["file"] in REFUSED], ids=lambda e: e["file"][:-4])
 def test_what_gpux_refuses_too_is_one_line_naming_the_field(entry, tmp_path):
     (tmp_path / "gpux.yml").write_text((FORMS / entry["file"]).read_text())

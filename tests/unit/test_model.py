@@ -172,6 +172,13 @@ def test_the_graph_decides_a_dynamic_dimension_and_outputs_can_be_selected(tmp_p
                          "name to say so",) or sig.notes[0].endswith("write -1 or a name to say so"), sig.notes
 
 
+@pytest.mark.parametrize("shape", ["[-1, 4]", "[n, 4]", "[batch, 4]"])
+def test_a_dynamic_declaration_of_a_dynamic_dimension_is_no_note(tmp_path, shape):
+    project, info = _project(tmp_path, f"inputs:\n  features: {{shape: {shape}}}\n")
+    sig = reconcile(project, info)
+    assert sig.inputs[0].shape == ("batch", 4) and sig.notes == () and sig.declared == ()
+
+
 def test_required_false_for_an_input_the_graph_needs_is_a_note_unless_strict(tmp_path):
     project, info = _project(tmp_path, "inputs:\n  features: {required: false}\n", strict=False)
     sig = reconcile(project, info)

@@ -100,3 +100,31 @@ def test_keep_alive_requests_are_each_timed_afresh(served):
                 data += chunk
             assert data.startswith(b"HTTP/1.1 200")
             time.sleep(0.4)  # a client pausing between requests (not synchronisation)
+
+
+@pytest.mark.parametrize("count, header", [(200, 1024), (50, 2048), (8, 15000)])
+def test_pipelined_requests_are_each_held_to_the_head_limit_not_together(served, count, header):
+    """200 GETs with 1 KiB of headers each in one write: 200 heads of about 1 KiB against a 16 KiB
+    limit (their sum, 200 KiB, was counted as one head: two answers, then 431)."""
+    port, _ = served
+    one = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * header + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(one * count)
+        sock.settimeout(10)
+        data = b""
+        while data.count(b"HTTP/1.1 200") < count:
+            chunk = sock.recv(1 << 20)
+            assert chunk and b"HTTP/1.1 4" not in data, data[-300:]
+            data += chunk
+    assert data.count(b"HTTP/1.1 ") == count and b"431" not in data
+
+
+def test_a_pipelined_request_past_the_limit_is_431_and_closes_the_connection(served):
+    port, url = served
+    fine = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    big = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(fine + big + fine)
+        answer = _answer(sock, 5)
+    assert b"HTTP/1.1 431" in answer and answer.count(b"HTTP/1.1 200") <= 1, answer[-300:]
+    assert requests.get(url + "/v2/health/live", timeout=5).status_code == 200
