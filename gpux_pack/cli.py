@@ -44,6 +44,16 @@ WarmupOpt = typer.Option(None, "--warmup", help="auto | always | never.")
 RefreshOpt = typer.Option(False, "--refresh", help="Re-resolve the image's wheels instead of reusing the cached lock.")
 ContainedOpt = typer.Option(False, "--contained", help="Read nothing outside the project folder (for projects "
                             "you do not trust): gpux.yml and the model must resolve inside it.")
+PullOpt = typer.Option("missing", "--pull", help="Pull the image first: missing (when this engine lacks it), "
+                       "always, or never, as docker run --pull.")
+
+
+def _pull(policy: str) -> str:
+    if policy not in engine.PULL_POLICIES:
+        raise typer.BadParameter(f"{policy!r}: expected missing, always or never", param_hint="--pull")
+    return policy
+
+
 StrictOpt = typer.Option(False, "--strict", help="Refuse gpux.yml keys and values gpux-pack cannot act on "
                          "(otherwise a warning each).")
 
@@ -129,7 +139,7 @@ def _record_rebuild(root: Path, made: Any, client: Any) -> None:
     from gpux_pack.wheels import lock_path
 
     plan, built = made.plan, made.built
-    if built.loaded is None or plan.warmup == "baked" or made.pushed is not None:
+    if built.loaded is None or plan.warmup == "baked":
         return
     try:
         images = {ref: client.images.get(ref).id for ref in (plan.base.image, plan.runtime_base.tag)}
@@ -410,13 +420,16 @@ def run_cmd(
     detach: bool = typer.Option(False, "--detach", "-d", help="Leave it running; print its URL, then its id."),
     cpu_fallback: bool = typer.Option(False, "--cpu-fallback", help="Serve on CPU when this host lacks the device."),
     timeout: int = typer.Option(300, "--timeout", min=1, max=86400, help="Seconds to wait for readiness."),
+    pull: str = PullOpt,
 ) -> None:
     """Start an image with its provider's device flags, a read-only root, a tmpfs /tmp and a
-    cache volume; wait until it is ready and print its URL (Ctrl-C stops it: drained, removed)."""
+    cache volume; wait until it is ready and print its URL (Ctrl-C stops it: drained, removed).
+    An image only in its registry is pulled first, as docker run does (--pull)."""
     from gpux_pack.commands.run import start
 
     ui = Reporter(quiet=detach)
     client = engine.connect()
+    engine.ensure_image(client, image, _pull(pull), ui.info)
     started = start(client, image, ui, port=port, bind=bind, cpu_fallback=cpu_fallback, timeout=timeout)
     note = " (on CPU: --cpu-fallback)" if started.on_cpu else ""
     print(f"{started.url}  {started.provider}{note}  cache volume {started.volume}", flush=True)
@@ -447,6 +460,7 @@ def warmup_cmd(
     export: Optional[Path] = typer.Option(None, "--export", help="Write the cache into DIR/<key>/ (mount DIR at "
                                           "GPUX_CACHE_DIR) instead of making an image."),
     timeout: int = typer.Option(3600, "--timeout", min=1, max=86400, help="Seconds the warmup may take."),
+    pull: str = PullOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
 ) -> None:
@@ -464,6 +478,7 @@ def warmup_cmd(
         raise typer.BadParameter("--tag makes an image, --export a folder: choose one", param_hint="--export")
     ui = Reporter(quiet=quiet or json_out)
     client = engine.connect()
+    engine.ensure_image(client, image, _pull(pull), ui.info)
     row = providers.PROVIDERS.get(image_labels.read(client, image).provider)
     devices = providers.devices_for(row, gpus, tuple(device))
     warmed = warm_image(client, image, ui, tag=tag, devices=devices, export=export, timeout=timeout)
@@ -528,6 +543,7 @@ def predict_cmd(
     runs: int = typer.Option(100, "--runs", min=1, max=100000, help="With --benchmark: timed runs."),
     warmup: int = typer.Option(10, "--warmup", min=0, max=10000, help="With --benchmark: untimed runs first."),
     json_out: bool = typer.Option(False, "--json", help="With --benchmark: one JSON document on stdout."),
+    pull: str = PullOpt,
 ) -> None:
     """One inference: in this process for a project, over KServe v2 for an image (a running
     container of it, else a fresh one, removed after). --benchmark: GPUX's in-process timing."""
@@ -555,7 +571,7 @@ def predict_cmd(
     else:
         if provider:
             raise typer.BadParameter("an image serves with its own provider", param_hint="--provider")
-        outputs = predict.from_image(target, given, ui, timeout, cpu_fallback)
+        outputs = predict.from_image(target, given, ui, timeout, cpu_fallback, _pull(pull))
     written = predict.save(outputs, output)
     if written:
         for path in written:

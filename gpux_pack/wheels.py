@@ -31,7 +31,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from gpux_pack import staging
-from gpux_pack.staging import cache_dir, touch
+from gpux_pack.staging import cache_dir, remove, temp_path, touch
 from gpux_pack.errors import WheelError
 
 # uv knows these manylinux targets (uv 0.9-0.13): a newer glibc is served by the newest.
@@ -349,6 +349,20 @@ def _norm_version(version: str) -> str:
 
 
 def _pip_download(pins: list[Pin], target: Target, folder: Path) -> None:
+    """pip downloads into a temporary folder beside the cache's (a dead process's is a leftover
+    `cache prune` removes); only complete wheels, once pip has checked every hash, move in. A
+    disk that fills up leaves no partial wheel, and says which folder was full."""
+    landing = temp_path(folder / "download")
+    landing.mkdir()
+    try:
+        _pip_download_into(pins, target, landing)
+        for wheel in landing.glob("*.whl"):
+            os.replace(wheel, folder / wheel.name)
+    finally:
+        remove(landing)
+
+
+def _pip_download_into(pins: list[Pin], target: Target, folder: Path) -> None:
     lines = [f"{p.name}=={p.version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(p.hashes)) for p in pins]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write("\n".join(lines) + "\n")
@@ -371,10 +385,29 @@ def _pip_download(pins: list[Pin], target: Target, folder: Path) -> None:
         if os.path.exists(log):
             os.unlink(log)
     if proc.returncode != 0:
+        full = _no_space(proc.stderr + "\n" + details, folder)
+        if full:
+            raise WheelError(f"downloading wheels failed: no space left on device in {full} (free some space, or "
+                             "set GPUX_PACK_CACHE_DIR, or TMPDIR for pip's own files, to a larger disk)")  # fmt: skip
         found = _index_failure(proc.stderr + "\n" + details, [p.name for p in pins])
         errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
         reason = found or redact(" ".join(errors)[:600] or proc.stderr.strip()[-600:])
         raise WheelError(f"downloading wheels failed: {reason}")
+
+
+def _no_space(text: str, landing: Path) -> str | None:
+    """The folder a full disk stopped pip in (ENOSPC in its output), else None: the cache's or
+    the temporary folder, whichever filesystem is full (the message may name pip's source)."""
+    if "No space left on device" not in text and "[Errno 28]" not in text:
+        return None
+    for folder in (landing, Path(tempfile.gettempdir())):
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            continue
+        if st.f_bavail * st.f_frsize < 1 << 20:
+            return str(landing.parent if folder == landing else folder)
+    return str(landing.parent)
 
 
 class _HashIndex:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,17 +34,21 @@ class Kind:
     name: str
     path: Path
 
+    def leftovers(self) -> list[Path]:
+        """Temporary entries of processes that are gone (killed mid-write), and wheels that are
+        not whole (no zip directory at their end: a download cut short by an older gpux-pack,
+        which wrote into the cache itself): garbage at any age. Those of a live process (a
+        build in progress) are not listed."""
+        if not self.path.is_dir():
+            return []
+        broken = [p for p in self.path.iterdir() if not p.name.startswith(".") and _cut_short(self.name, p)]
+        return sorted([p for p in self.path.iterdir() if staging.leftover(p)] + broken)
+
     def entries(self) -> list[Path]:
         if not self.path.is_dir():
             return []
-        return sorted(p for p in self.path.iterdir() if not p.name.startswith("."))  # .tmp, locks, the hash index
-
-    def leftovers(self) -> list[Path]:
-        """Temporary entries of processes that are gone (killed mid-write): garbage at any age.
-        Those of a live process (a build in progress) are not listed."""
-        if not self.path.is_dir():
-            return []
-        return sorted(p for p in self.path.iterdir() if staging.leftover(p))
+        # not the dotted ones (.tmp, locks, the hash index), nor wheels cut short (leftovers)
+        return sorted(p for p in self.path.iterdir() if not p.name.startswith(".") and not _cut_short(self.name, p))
 
     def summary(self) -> dict:
         entries = self.entries()
@@ -53,6 +58,17 @@ class Kind:
                 "bytes": sum(size(p) for p in entries), "oldest": min(times, default=None),
                 "newest": max(times, default=None), "leftovers": len(left),
                 "leftover_bytes": sum(size(p) for p in left)}  # fmt: skip
+
+
+def _whole(wheel: Path) -> bool:
+    try:
+        return zipfile.is_zipfile(wheel)
+    except OSError:
+        return False
+
+
+def _cut_short(kind: str, path: Path) -> bool:
+    return kind == "wheels" and path.suffix == ".whl" and not _whole(path)
 
 
 def root() -> Path:

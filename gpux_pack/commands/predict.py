@@ -210,9 +210,11 @@ def benchmark(path: Path, flag: str | None, given: list[Given], runs: int, warmu
 
 
 def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
-               cpu_fallback: bool = False) -> dict[str, Any]:
-    """KServe v2 binary request to a running container of the image, or to a fresh one."""
+               cpu_fallback: bool = False, pull: str = "missing") -> dict[str, Any]:
+    """KServe v2 binary request to a running container of the image, or to a fresh one (the
+    image pulled first as `docker run --pull` would)."""
     client = engine.connect()
+    engine.ensure_image(client, ref, pull, ui.info)
     image = image_labels.read(client, ref)
     running = _running(client, image)
     started = None

@@ -2,8 +2,9 @@
 weights changed, the last build's image is replayed with the new model instead of loading
 the config, the model's graph, the plan, the lock and the Dockerfile again.
 
-After an assembled build of one image (no --push, --json, --refresh, --no-cache, baked
-warmup or several platforms), `record` writes what was loaded (image/archive.py's Loadable:
+After an assembled build of one image (no --refresh, --no-cache, baked warmup or several
+platforms; --json and --push are replayed too: the summary printed again, the image pushed,
+where only the model's layer is new to the registry), `record` writes what was loaded (image/archive.py's Loadable:
 config, layers, parent) keyed by the command line, the working folder, gpux-pack's version
 and the environment variables a build reads. `replay` answers the next identical command
 when every input but the model is as recorded (the project folder's other files, the wheel
@@ -41,7 +42,7 @@ from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
 FORMAT = 3
-REFUSED = ("--push", "--refresh", "--no-cache", "--platform", "--warmup", "--help")
+REFUSED = ("--refresh", "--no-cache", "--platform", "--warmup", "--help")
 ENV_PREFIXES = ("GPUX", "DOCKER", "PIP_", "UV_", "SOURCE_DATE_EPOCH", "HOME", "XDG_CACHE_HOME", "SSL_CERT",
                 "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 MAX_PROJECT_FILES = 2000
@@ -326,14 +327,15 @@ def replay(argv: list[str], quiet: bool) -> bool:
         doc = json.loads(path.read_text())
         if doc.get("format") != FORMAT or doc.get("version") != __version__:
             raise Miss("recorded by another gpux-pack")
-        line = _replay(doc, path, quiet, started, "--json" in argv)
+        line = _replay(doc, path, quiet, started, argv)
     except (Miss, OSError, ValueError, KeyError, TypeError, IndexError, layer_tar.Unsupported):
         return False
     print(line)
     return True
 
 
-def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, json_out: bool = False) -> str:
+def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: list[str]) -> str:
+    json_out = "--json" in argv
     model = Path(doc["model"]["path"])
     if not _unchanged(Path(doc["project"]), doc["files"], _fingerprint(Path(doc["project"]), {str(model)})):
         raise Miss("a project file changed")
@@ -385,9 +387,27 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, json_o
     doc["model"]["sha256"] = sha
     doc["config"] = loaded_config.decode()
     staging.write_text(path, json.dumps(doc))
+    digest = None
+    if "--push" in argv:  # the registry has every other layer already: only the model's goes up
+        digest = _push(doc["tag"], quiet)
     seconds = time.perf_counter() - started
     if json_out:  # build --json: the summary CI pipelines read, as the full build prints it
         row = {**doc["summary"], "id": image["Id"], "size_bytes": image.get("Size", 0), "seconds": round(seconds, 2),
-               "runtime_base_built": False, "steps": 0, "cached_steps": 0}  # fmt: skip
+               "runtime_base_built": False, "steps": 0, "cached_steps": 0, "digest": digest}  # fmt: skip
         return json.dumps({"images": [row], "indexes": [], "failed": [], "seconds": round(seconds, 2)}, indent=2)
-    return built_line(doc["tag"], image["Id"], image.get("Size", 0), doc["provider"], seconds, "assembled, nothing ran")
+    line = built_line(doc["tag"], image["Id"], image.get("Size", 0), doc["provider"], seconds, "assembled, nothing ran")
+    return line + (f"\npushed {digest}" if digest else "")
+
+
+def _push(tag: str, quiet: bool) -> str:
+    """Push the replayed image as build --push does (the Docker SDK, the user's credentials);
+    a refusal falls back to the full build, which says why in one line."""
+    from gpux_pack import engine
+    from gpux_pack.errors import PackError
+    from gpux_pack.registry.push import push
+    from gpux_pack.ui import Reporter
+
+    try:
+        return push(engine.connect(), tag, Reporter(quiet=quiet)).digest
+    except PackError as e:
+        raise Miss(f"the push failed: {e}") from None

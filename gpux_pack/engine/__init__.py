@@ -204,6 +204,38 @@ def image_exists(client: Any, ref: str) -> bool:
         raise DockerError(f"cannot inspect {ref}: {short_error(e)}") from None
 
 
+PULL_POLICIES = ("missing", "always", "never")  # `docker run --pull`'s
+
+
+def ensure_image(client: Any, ref: str, policy: str, log: Callable[[str], None]) -> None:
+    """Pull ref as `docker run --pull POLICY` does: missing (pull when this engine lacks it),
+    always, or never. The engine pulls with the credentials of your Docker config (docker
+    login, credential helpers), which the SDK reads and sends; a progress line every few layers."""
+    if policy == "never" or (policy == "missing" and image_exists(client, ref)):
+        return
+    try:
+        parsed = parse_reference(ref)
+    except ValueError:  # an image id, or a name the engine knows otherwise: nothing to pull
+        return
+    repo, tag = parsed.repository_tag
+    log(f"pulling {ref}")
+    done: set[str] = set()
+    try:
+        for event in client.api.pull(repo, tag=tag, stream=True, decode=True):
+            if "error" in event:
+                raise DockerError(f"{ref}: cannot pull it: {' '.join(str(event['error']).split())[:300]}")
+            if event.get("status") in ("Pull complete", "Already exists") and event.get("id") not in done:
+                done.add(event.get("id", ""))
+                if len(done) % 4 == 0:
+                    log(f"pulling {ref}: {len(done)} layers")
+    except DockerError:
+        raise
+    except Exception as e:  # the registry refused (401, unknown manifest) or cannot be reached
+        said = getattr(e, "explanation", None)  # the engine's own words, not the SDK's URL
+        raise DockerError(f"{ref}: cannot pull it: {' '.join(str(said).split())[:300] if said else short_error(e)}") from None
+    log(f"pulled {ref} ({len(done)} layers)")
+
+
 def inspect_parent(client: Any, ref: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """An image's `docker image inspect` and `docker history` (newest first)."""
     try:

@@ -91,7 +91,7 @@ def read(client: Any, ref: str, built_by_us: bool = True) -> GpuxImage:
     the commands that start the image (run, warmup, predict, bench), which need it here."""
     found = local(client, ref, built_by_us)
     if found is None:
-        hint = f" (pull it first: docker pull {ref})" if names_registry(ref) else ""
+        hint = f" (--pull never; docker pull {ref} gets it)" if names_registry(ref) else ""
         raise UsageError(f"{ref}: no such image on this Docker engine{hint}")
     return found
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import re
 import stat
 from dataclasses import dataclass
@@ -222,6 +223,10 @@ def _external_file(path: Path, shown: str, tensor: Any) -> str:
         raise ModelError(shown, f"external data file '{location}' is not a regular file (tensor {name})")
     if os.path.samestat(info_stat, os.stat(path)):
         raise ModelError(shown, f"external data location '{location}' of tensor {name} is the model file itself")
+    if info_stat.st_nlink > 1:  # ONNX refuses it too ("potential hardlink attack"), without saying what to do
+        raise ModelError(shown, f"external data file '{location}' has {info_stat.st_nlink} hard links: ONNX refuses "
+                                "hard-linked data (another name could change it unseen); make it a file of its own: "
+                                f"cp {shlex.quote(location)} tmp && mv tmp {shlex.quote(location)}")  # fmt: skip
     numbers = {}
     for key in ("offset", "length"):
         raw = info.get(key, "0")

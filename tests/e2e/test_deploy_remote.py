@@ -106,15 +106,31 @@ def test_deploy_from_the_registry_alone_pins_the_pushed_digest(remote_only, tmp_
     assert yaml.safe_load(no_engine.stdout)["services"]["iris-mlp"]["image"] == digest
 
 
-def test_inspect_reads_the_registry_and_run_says_to_pull(remote_only):
+def test_inspect_reads_the_registry_and_run_pulls_as_docker_run_does(remote_only, docker_client):
     tag, digest, env = remote_only
     proc = run_cli("inspect", tag, "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["registry_digest"] == digest and info["id"].startswith("sha256:") and info["size_bytes"] > 0
     assert info["labels"]["io.gpux.provider"] == "cpu" and info["labels"]["io.gpux.model.name"] == "iris-mlp"
-    run = run_cli("run", tag, env=env)
-    assert run.returncode == 2 and f"pull it first: docker pull {tag}" in one_error_line(run)
+    never = run_cli("run", tag, "--pull", "never", env=env)
+    assert never.returncode == 2 and f"docker pull {tag}" in one_error_line(never)
+    run = run_cli("run", tag, "--detach", env=env)  # --pull missing: pulled with the login's credentials
+    try:
+        assert run.returncode == 0, run.stderr
+        url, container = run.stdout.split()[0], run.stdout.split()[-1]
+        assert requests.post(url + "/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30).status_code == 200
+        assert docker_client.images.get(tag).id == info["id"]
+    finally:
+        for c in docker_client.containers.list(all=True, filters={"label": "io.gpux.pack.role=run"}):
+            c.remove(force=True)
+        docker_client.images.remove(tag, force=True)  # the module's other tests read the registry alone
+        for volume in docker_client.volumes.list(filters={"name": "gpux-cache-iris-mlp"}):
+            volume.remove(force=True)
+    wrong = run_cli("run", tag, env={"DOCKER_CONFIG": str(Path(env["DOCKER_CONFIG"]) / "none")})
+    lines = wrong.stderr.strip().splitlines()  # the progress line, then the one error line
+    assert wrong.returncode == 1 and lines[0] == f"pulling {tag}" and len(lines) == 2, wrong.stderr
+    assert lines[1].startswith(f"error: {tag}: cannot pull it: ") and "credentials" in lines[1], lines[1]
 
 
 def test_an_index_tag_pins_the_index_and_its_amd64_member_is_read(remote_only, registry):  # noqa: F811
@@ -179,3 +195,38 @@ def test_a_bearer_token_registry_is_read_with_a_pull_token(token_registry, tmp_p
     assert issued and all(a == [{"type": "repository", "name": "team/tokened", "actions": ["pull"]}] for a in issued)
     wrong = run_cli("inspect", f"{registry}/team/tokened:1", env=login(tmp_path / "bad", registry, "wrong"))
     assert wrong.returncode == 1 and "authentication failed" in one_error_line(wrong)
+
+
+def test_build_push_json_replays_and_pushes_only_the_new_weights(registry, tmp_path, docker_client):  # noqa: F811
+    """`build --push --json`, as CI pipelines call it, after new weights: replayed (no plan, no
+    lock), pushed (the registry has every layer but the model's), the summary with the new digest."""
+    import onnx
+    from onnx import numpy_helper
+
+    from tests.conftest import copy_example
+
+    env = login(tmp_path / "login", registry, PASSWORD)
+    project = copy_example("mlp", tmp_path)
+    tag = f"{registry}/team/replayed:1"
+    args = ("build", str(project), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json")
+    try:
+        first = run_cli(*args, env=env)
+        assert first.returncode == 0, first.stderr[-2000:]
+        model = onnx.load(str(project / "model.onnx"))
+        init = model.graph.initializer[-1]
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
+        onnx.save(model, str(project / "model.onnx"))
+        second = run_cli(*args, env=env)
+        assert second.returncode == 0 and "only the model's weights changed" in second.stderr, second.stderr[-2000:]
+        before, after = (json.loads(p.stdout)["images"][0]["digest"] for p in (first, second))
+        assert after and after != before
+        manifest = requests.get(f"http://{registry}/v2/team/replayed/manifests/{after.split('@')[1]}",
+                                auth=(USER, PASSWORD), timeout=10,
+                                headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})  # fmt: skip
+        assert manifest.status_code == 200, manifest.text
+        assert "layer already exists" in second.stderr, second.stderr[-2000:]  # all but the model layer
+    finally:
+        try:
+            docker_client.images.remove(tag, force=True)
+        except Exception:
+            pass

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,19 @@ def test_missing_and_truncated_external_data(tmp_path):
     weights.unlink()
     with pytest.raises(ModelError, match="'m.weights' is missing"):
         inspect_model(path)
+
+
+def test_hard_linked_external_data_is_one_line_saying_what_to_do(tmp_path):
+    """ONNX's checker refuses it as a "potential hardlink attack"; the build says why and how."""
+    path = _external(tmp_path)
+    os.link(tmp_path / "m.weights", tmp_path / "elsewhere.weights")
+    with pytest.raises(ModelError) as e:
+        inspect_model(path, "m.onnx")
+    assert str(e.value) == ("m.onnx: external data file 'm.weights' has 2 hard links: ONNX refuses hard-linked data "
+                            "(another name could change it unseen); make it a file of its own: "
+                            "cp m.weights tmp && mv tmp m.weights")
+    (tmp_path / "elsewhere.weights").unlink()
+    assert inspect_model(path).files == ("m.onnx", "m.weights")
 
 
 def _two_tensors(tmp_path: Path, locations: tuple[str, str]) -> Path:

@@ -1,0 +1,70 @@
+"""A full disk during a build's wheel download (the cache on a small tmpfs): one line naming the
+folder and "no space left on device", no partial wheel in the cache, and the next download with
+space succeeds. Needs root to mount the tmpfs (scripts/dev test runs as root or with sudo)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import zipfile
+
+import pytest
+
+from gpux_pack import wheels
+from gpux_pack.commands.build import load, locked, plan_for
+from gpux_pack.errors import WheelError
+from gpux_pack.plan import Options
+from gpux_pack.staging import cache_dir
+from gpux_pack.ui import Reporter
+from tests.conftest import EXAMPLES, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def small_cache(tmp_path, monkeypatch):
+    """A cache whose wheels folder is a 12 MB tmpfs (numpy alone is 17 MB); its locks are the
+    shared cache's, so only the download runs."""
+    cache = tmp_path / "cache"
+    shutil.copytree(cache_dir() / "locks", cache / "locks")
+    (cache / "wheels").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(cache / "wheels")], check=True)
+    monkeypatch.setenv("GPUX_PACK_CACHE_DIR", str(cache))
+    try:
+        yield cache
+    finally:
+        subprocess.run(["umount", str(cache / "wheels")], check=False)
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_partial_wheel(small_cache):
+    plan = locked(plan_for(load(EXAMPLES / "mlp"), "cpu", "test", Options(), None, Reporter(quiet=True), pull=False),
+                  Reporter(quiet=True))  # fmt: skip
+    with pytest.raises(WheelError) as e:
+        wheels.fetch(plan.lock)
+    assert str(e.value).startswith(f"downloading wheels failed: no space left on device in {small_cache / 'wheels'}")
+    assert "\n" not in str(e.value)
+    left = list((small_cache / "wheels").iterdir())
+    assert all(p.name == ".sha256.json" or (p.suffix == ".whl" and zipfile.is_zipfile(p)) for p in left), left
+    listed = run_cli("cache", "ls", "--json", env={"GPUX_PACK_CACHE_DIR": str(small_cache)})
+    assert listed.returncode == 0, listed.stderr
+    [row] = [r for r in json.loads(listed.stdout)["caches"] if r["name"] == "wheels"]
+    assert row["leftovers"] == 0, row
+    subprocess.run(["mount", "-o", "remount,size=200m", str(small_cache / "wheels")], check=True)
+    house = wheels.fetch(plan.lock)  # with space: every pin, verified
+    assert len(house.wheels) == len(plan.lock.pins) and all(zipfile.is_zipfile(w.path) for w in house.wheels)
+
+
+def test_cache_ls_flags_and_prune_removes_an_incomplete_wheel_or_download(tmp_path):
+    """What a process killed mid-download (an older gpux-pack wrote into the cache itself) leaves."""
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    good = next((cache_dir() / "wheels").glob("numpy-*.whl"))
+    (cache / "wheels" / good.name).write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # truncated
+    (cache / "wheels" / ".download.999999-dead.tmp").mkdir()  # a dead process's landing folder
+    env = {"GPUX_PACK_CACHE_DIR": str(cache)}
+    listed = run_cli("cache", "ls", env=env)
+    assert listed.returncode == 0 and "(+2 left by killed builds" in listed.stdout, listed.stdout
+    pruned = run_cli("cache", "prune", "--older-than", "3650d", env=env)
+    assert pruned.returncode == 0, pruned.stderr
+    assert not list((cache / "wheels").iterdir())
