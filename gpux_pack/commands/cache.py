@@ -9,6 +9,7 @@ gone are leftovers: listed apart and always pruned; a live process's are never t
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import zipfile
@@ -61,10 +62,18 @@ class Kind:
 
 
 def _whole(wheel: Path) -> bool:
+    """A zip directory at its end. Reading it must not mark the wheel used (its access time is
+    what pruning goes by), so the times are put back."""
     try:
-        return zipfile.is_zipfile(wheel)
+        st = wheel.stat()
     except OSError:
-        return False
+        return True  # gone meanwhile: nothing to flag
+    whole = zipfile.is_zipfile(wheel)  # False when it cannot be read either
+    try:
+        os.utime(wheel, ns=(st.st_atime_ns, st.st_mtime_ns))
+    except OSError:
+        pass
+    return whole
 
 
 def _cut_short(kind: str, path: Path) -> bool:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
 from tests.conftest import ROOT, run_cli
 
@@ -16,8 +17,10 @@ def test_cache_ls_and_prune_remove_only_entries_unused_for_long(tmp_path):
     env = {"GPUX_PACK_CACHE_DIR": str(tmp_path)}
     (tmp_path / "wheels").mkdir()
     old, new = tmp_path / "wheels" / "old-1.0-py3-none-any.whl", tmp_path / "wheels" / "new-1.0-py3-none-any.whl"
-    old.write_bytes(b"x" * 1000)
-    new.write_bytes(b"y" * 10)
+    for wheel, data in ((old, b"x" * 1000), (new, b"y" * 10)):  # whole wheels: zips (a cut one is a leftover)
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr("m.py", data)
+    sizes, old_size = old.stat().st_size + new.stat().st_size, old.stat().st_size
     (tmp_path / "wheels" / ".sha256.json").write_text("{}")
     install = tmp_path / "installs" / "abc" / "site-packages"
     install.mkdir(parents=True)
@@ -27,13 +30,13 @@ def test_cache_ls_and_prune_remove_only_entries_unused_for_long(tmp_path):
         os.utime(path, (month, month))
     listed = json.loads(run_cli("cache", "ls", "--json", env=env).stdout)
     by_name = {c["name"]: c for c in listed["caches"]}
-    assert by_name["wheels"]["entries"] == 2 and by_name["wheels"]["bytes"] == 1010
+    assert by_name["wheels"]["entries"] == 2 and by_name["wheels"]["bytes"] == sizes
     assert by_name["installs"]["entries"] == 1 and by_name["installs"]["bytes"] == 500
     proc = run_cli("cache", "prune", "--older-than", "30d", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     removed = json.loads(proc.stdout)
     assert sorted(os.path.basename(r["path"]) for r in removed["removed"]) == ["abc", old.name]
-    assert removed["bytes"] == 1500 and new.exists() and (tmp_path / "wheels" / ".sha256.json").exists()
+    assert removed["bytes"] == old_size + 500 and new.exists() and (tmp_path / "wheels" / ".sha256.json").exists()
     bad = run_cli("cache", "prune", "--older-than", "soon", env=env)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --older-than 'soon'")
 
