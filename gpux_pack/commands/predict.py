@@ -12,9 +12,10 @@ import json
 import tempfile
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -154,8 +155,9 @@ def _array(spec: TensorSpec, value: Any, what: str) -> np.ndarray:
     return value.astype(target, copy=False)
 
 
-def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -> dict[str, Any]:
-    """The image's runtime in this process on the project's model: no Docker."""
+@contextmanager
+def _loaded(path: Path, flag: str | None, ui: Reporter) -> Iterator[tuple[Any, serve.Staged]]:
+    """The project staged as `serve` stages it, its model loaded by the image's runtime here."""
     from gpux_pack.runtime.session import Model, StartupError
     from gpux_pack.runtime.settings import Settings
 
@@ -165,6 +167,12 @@ def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -
             model = Model.load(Settings.load(staged.env(GPUX_LOG_LEVEL="warning")), warm_up=False)
         except StartupError as e:
             raise PackError(str(e)) from None
+        yield model, staged
+
+
+def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -> dict[str, Any]:
+    """The image's runtime in this process on the project's model: no Docker."""
+    with _loaded(path, flag, ui) as (model, _):
         arrays = feeds(model.inputs, given)
         try:
             return readable(model.run(arrays), model.outputs)
@@ -181,15 +189,7 @@ def benchmark(path: Path, flag: str | None, given: list[Given], runs: int, warmu
     the image's warmup makes). GPUX's keys: <statistic>_time_ms and throughput_fps (1 / mean)."""
     import time
 
-    from gpux_pack.runtime.session import Model, StartupError
-    from gpux_pack.runtime.settings import Settings
-
-    with tempfile.TemporaryDirectory(prefix="gpux-bench-") as tmp:
-        staged = serve.stage(path, flag, Path(tmp), ui)
-        try:
-            model = Model.load(Settings.load(staged.env(GPUX_LOG_LEVEL="warning")), warm_up=False)
-        except StartupError as e:
-            raise PackError(str(e)) from None
+    with _loaded(path, flag, ui) as (model, staged):
         arrays = feeds(model.inputs, given) if given else model.warmup_feeds()[0]
         times = np.empty(runs)
         try:
