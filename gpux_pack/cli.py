@@ -297,14 +297,14 @@ def plan_cmd(
     for r in out:
         base = r["base_image"]
         facts = f"Python {base['python']}, glibc {base['glibc']}, {base['arch']}"
-        print(f"{escape(r['provider'])}: {escape(r['reason'])}")
-        print(f"  tag           {escape(r['tag'])}")
-        print(f"  base image    {escape(base['image'])} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
+        print(f"{_printable(r['provider'])}: {_printable(r['reason'])}")
+        print(f"  tag           {_printable(r['tag'])}")
+        print(f"  base image    {_printable(base['image'])} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
         print(f"  warmup        {r['warmup']}   link check: {r['link_check']}")
         for note in r["notes"]:
-            print(f"  note          {escape(note)}")
+            print(f"  note          {_printable(note)}")
         state = "present: only the model is built" if r["runtime_base"]["present"] else "built on the first build"
-        print(f"  runtime base  {escape(r['runtime_base']['tag'])} ({state})")
+        print(f"  runtime base  {_printable(r['runtime_base']['tag'])} ({state})")
         unknown = f", {len(r['download_unknown'])} of unknown size" if r["download_unknown"] else ""
         print(f"  lock          {len(r['lock'])} packages, {r['download_bytes'] / 1e6:.1f} MB to download{unknown}, "
               f"{r['cached_bytes'] / 1e6:.1f} MB cached")  # fmt: skip
