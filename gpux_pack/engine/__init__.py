@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpux_pack.errors import DockerError
+from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import Devices, HostInfo
 from gpux_pack.reference import parse_reference
 from gpux_pack.runtime.warm import cpu_vendor
@@ -210,12 +210,15 @@ PULL_POLICIES = ("missing", "always", "never")  # `docker run --pull`'s
 def ensure_image(client: Any, ref: str, policy: str, log: Callable[[str], None]) -> None:
     """Pull ref as `docker run --pull POLICY` does: missing (pull when this engine lacks it),
     always, or never. The engine pulls with the credentials of your Docker config (docker
-    login, credential helpers), which the SDK reads and sends; a progress line every few layers."""
-    if policy == "never" or (policy == "missing" and image_exists(client, ref)):
-        return
+    login, credential helpers), which the SDK reads and sends; a progress line every few layers.
+    A pull that fails for an image this engine lacks is a usage error (exit 2: no such image
+    anywhere it looked), one for an image it has (--pull always) an engine failure (exit 1)."""
     try:
         parsed = parse_reference(ref)
-    except ValueError:  # an image id, or a name the engine knows otherwise: nothing to pull
+    except ValueError:  # not a reference: the command's own reading of it says so in one line
+        return
+    present = image_exists(client, ref)
+    if policy == "never" or (policy == "missing" and present):
         return
     repo, tag = parsed.repository_tag
     log(f"pulling {ref}")
@@ -223,17 +226,23 @@ def ensure_image(client: Any, ref: str, policy: str, log: Callable[[str], None])
     try:
         for event in client.api.pull(repo, tag=tag, stream=True, decode=True):
             if "error" in event:
-                raise DockerError(f"{ref}: cannot pull it: {' '.join(str(event['error']).split())[:300]}")
+                raise _pull_failed(ref, " ".join(str(event["error"]).split())[:300], present)
             if event.get("status") in ("Pull complete", "Already exists") and event.get("id") not in done:
                 done.add(event.get("id", ""))
                 if len(done) % 4 == 0:
                     log(f"pulling {ref}: {len(done)} layers")
-    except DockerError:
+    except (DockerError, UsageError):
         raise
     except Exception as e:  # the registry refused (401, unknown manifest) or cannot be reached
         said = getattr(e, "explanation", None)  # the engine's own words, not the SDK's URL
-        raise DockerError(f"{ref}: cannot pull it: {' '.join(str(said).split())[:300] if said else short_error(e)}") from None
+        raise _pull_failed(ref, " ".join(str(said).split())[:300] if said else short_error(e), present) from None
     log(f"pulled {ref} ({len(done)} layers)")
+
+
+def _pull_failed(ref: str, why: str, present: bool) -> Exception:
+    if present:
+        return DockerError(f"{ref}: cannot pull it: {why}")
+    return UsageError(f"{ref}: no such image on this Docker engine, and it cannot be pulled: {why}")
 
 
 def inspect_parent(client: Any, ref: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

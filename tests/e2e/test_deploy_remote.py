@@ -129,8 +129,9 @@ def test_inspect_reads_the_registry_and_run_pulls_as_docker_run_does(remote_only
             volume.remove(force=True)
     wrong = run_cli("run", tag, env={"DOCKER_CONFIG": str(Path(env["DOCKER_CONFIG"]) / "none")})
     lines = wrong.stderr.strip().splitlines()  # the progress line, then the one error line
-    assert wrong.returncode == 1 and lines[0] == f"pulling {tag}" and len(lines) == 2, wrong.stderr
-    assert lines[1].startswith(f"error: {tag}: cannot pull it: ") and "credentials" in lines[1], lines[1]
+    assert wrong.returncode == 2 and lines[0] == f"pulling {tag}" and len(lines) == 2, wrong.stderr
+    assert lines[1].startswith(f"error: {tag}: no such image on this Docker engine, and it cannot be pulled: ")
+    assert "credentials" in lines[1], lines[1]
 
 
 def test_an_index_tag_pins_the_index_and_its_amd64_member_is_read(remote_only, registry):  # noqa: F811
