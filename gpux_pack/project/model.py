@@ -58,17 +58,8 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.output:
         raise ModelError(shown, "is not an ONNX model (no graph with outputs; truncated or another format?)")
 
-    external: list[str] = []
-    for tensor in _all_tensors(proto.graph):
-        if external_data_helper.uses_external_data(tensor):
-            location = _external_file(path, shown, tensor)
-            if location not in external:
-                external.append(location)
-
-    try:
-        onnx.checker.check_model(str(path))
-    except Exception as e:
-        raise ModelError(shown, f"fails the ONNX checker: {_first_line(e)}") from None
+    external = list(dict.fromkeys(_external_file(path, shown, t) for t in _all_tensors(proto.graph)
+                                  if external_data_helper.uses_external_data(t)))  # fmt: skip
 
     initializers = {init.name for init in proto.graph.initializer}
     initializers |= {s.values.name for s in proto.graph.sparse_initializer}
@@ -85,21 +76,31 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     custom = sorted({f"{n.domain}:{n.op_type}" for n in _all_nodes(proto.graph)
                      if n.domain not in ORT_DOMAINS and n.domain not in local})
     files = (path.name, *sorted(external))
-    digest, size = _digest(path.parent, files)
+    drop_weights(proto)  # from here on only the graph's structure is read
     working = working_memory(proto, initializers)
+    ir_version, nodes = proto.ir_version, len(proto.graph.node)
+    producer = " ".join(p for p in (proto.producer_name, proto.producer_version) if p)
+    # The checker reads the file again (in C++): the parsed model, weights and all, is let go
+    # first, so a build holds the model about twice at its peak, not three times
+    del proto
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as e:
+        raise ModelError(shown, f"fails the ONNX checker: {_first_line(e)}") from None
+    digest, size = _digest(path.parent, files)
     return ModelInfo(
         path=path.resolve(),
         files=files,
         size_bytes=size,
         sha256=digest,
         opset=opset,
-        ir_version=proto.ir_version,
-        producer=" ".join(p for p in (proto.producer_name, proto.producer_version) if p),
+        ir_version=ir_version,
+        producer=producer,
         inputs=inputs,
         outputs=outputs,
         opsets=opsets,
         custom_ops=tuple(custom),
-        nodes=len(proto.graph.node),
+        nodes=nodes,
         working_memory=working,
     )
 
@@ -109,6 +110,15 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
 _IN_PLACE = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "HardSigmoid", "Softplus", "Softsign",
                        "ThresholdedRelu", "Add", "Sub", "Mul", "Div"})  # fmt: skip
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+
+
+def drop_weights(proto: Any) -> None:
+    """Let go of the main graph's big initializers' bytes, in place, without reading them (reading
+    `raw_data` copies it: a 1.5 GB model would be held twice more)."""
+    for tensor in proto.graph.initializer:
+        if tensor.ByteSize() > 4096:
+            for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                tensor.ClearField(field)
 
 
 def working_memory(proto: Any, initializers: set[str]) -> tuple[tuple[tuple[tuple[str, int], ...], int], ...]:
@@ -121,22 +131,14 @@ def working_memory(proto: Any, initializers: set[str]) -> tuple[tuple[tuple[tupl
     float tensor is 64 bytes per unit of the input dimension `batch` names), each product's
     largest live total. A dimension inference cannot tie to an input's (a Reshape to -1) counts
     as 1, so the estimate errs low rather than refuse what fits; ONNX Runtime's scratch and its
-    fusions are not modelled. Big initializers' bytes are set aside meanwhile: inference needs
-    their shapes only (and a copy of a 1.5 GB model would double the build's memory)."""
+    fusions are not modelled. Inference needs the initializers' shapes only: the caller passes
+    a proto whose big weights it has let go (drop_weights), or inference would copy them."""
     import onnx
 
-    set_aside = []
-    for tensor in proto.graph.initializer:
-        if len(tensor.raw_data) > 4096:
-            set_aside.append((tensor, tensor.raw_data))
-            tensor.ClearField("raw_data")
     try:
         inferred = onnx.shape_inference.infer_shapes(proto).graph
     except Exception:  # a graph inference cannot follow: nothing to charge beyond the outputs
         return ()
-    finally:
-        for tensor, data in set_aside:
-            tensor.raw_data = data
     axes = {}  # a named input dimension -> (input, axis)
     for value in inferred.input:
         if value.name not in initializers:
