@@ -201,6 +201,12 @@ class Plan:
     index_tag: str | None = None  # several platforms: the index's tag (tag is this platform's)
     lock: Lock | None = None  # set by with_lock, once the wheels are resolved for target
     runtime_base_present: bool = False  # the engine has the runtime base image: only the model is made
+    externalize: bool = False  # the image keeps the model's large inline weights in a data file: see externalize
+
+    @property
+    def model_files(self) -> tuple[str, ...]:
+        """The model's files in the image: its own, or the model and the data file its weights move to."""
+        return (self.model.files[0], f"{self.model.files[0]}.data") if self.externalize else self.model.files
 
     @property
     def name(self) -> str:
@@ -208,7 +214,7 @@ class Plan:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return notes(self.project, self.signature)
+        return notes(self.project, self.signature, self.model.inline_weights if self.externalize else 0)
 
     @property
     def version(self) -> str:
@@ -324,7 +330,27 @@ def make_plan(
         created=created_now(),
         nvidia_libs=cfg.pack.nvidia_libs or base.nvidia_libs,
         link_check=link_check_mode(cfg.pack.link_check, base),
+        externalize=externalize(cfg.pack.weights, model),
     )
+
+
+EXTERNALIZE_FROM = 64 << 20  # inline weights from which `pack.weights: auto` moves them (docs/benchmarks.md)
+
+
+def weights_note(model_file: str, moved: int) -> str:
+    return (f"the image keeps the model's {moved / 1e6:.0f} MB of inline weights in an external data file beside it "
+            f"({model_file}.data, page-aligned), which ONNX Runtime starts faster: the same graph and bytes "
+            "(pack.weights: inline keeps the file as given)")
+
+
+def externalize(setting: str, model: ModelInfo) -> bool:
+    """Whether the image keeps the model's large inline weights in an external data file instead:
+    ONNX Runtime parses an inline model's weights out of one protobuf message (copies), but maps
+    page-aligned external data; it started a 1.5 GB model in 0.4x the time (bench/ort_load.py).
+    A model that has external data already is baked as it is."""
+    if setting == "inline" or not model.inline_weights or len(model.files) > 1:
+        return False
+    return setting == "external" or model.inline_weights >= EXTERNALIZE_FROM
 
 
 def plan_runtime_base(provider: Provider, base: BaseImage, platform: str | None, link_check: bool,
@@ -426,11 +452,14 @@ def serving_host(cfg: Any) -> str:
     return cfg.serving.host if cfg.serving.host in EVERY_INTERFACE else "0.0.0.0"
 
 
-def notes(project: Project, signature: Signature) -> tuple[str, ...]:
+def notes(project: Project, signature: Signature, moved: int = 0) -> tuple[str, ...]:
     """What the build tells the user before it starts: what gpux.yml holds that was left out or
-    is not acted on, where the graph overrules a declaration, and where the image differs."""
+    is not acted on, where the graph overrules a declaration, and where the image differs
+    (moved: the bytes of inline weights the image keeps as external data)."""
     cfg = project.config
     out = [*project.notes, *signature.notes]
+    if moved:
+        out.append(weights_note(project.model_path.name, moved))
     if "host" in cfg.serving.model_fields_set and serving_host(cfg) != cfg.serving.host:
         out.append(project.note(("serving", "host"), f"{cfg.serving.host} applies to `gpux-pack serve` on this "
                                                      "machine; in the image the server listens on every interface "
@@ -566,6 +595,8 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
         "model": {
             "path": f"model/{plan.model.files[0]}",
             "file": plan.model.files[0],
+            "files": list(plan.model_files),  # in the image: with its external data, if any
+            "weights_moved": plan.externalize,  # the build moved its inline weights to external data
             "sha256": plan.model.sha256,
             "size_bytes": plan.model.size_bytes,
             "opset": plan.model.opset,

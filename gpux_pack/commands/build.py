@@ -22,7 +22,7 @@ from gpux_pack.image.maker import Maker, OncePerTag, choose, model_job, runtime_
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.install import install
 from gpux_pack.plan import (Options, Plan, RuntimeBase, assumed_base, check_model_for, choose_base, image_tag,
-                            make_plan, notes, plan_runtime_base, with_lock)
+                            make_plan, notes, plan_runtime_base, weights_note, with_lock)
 from gpux_pack.project.load import Project, load_project
 from gpux_pack.project.model import ModelInfo, Signature, inspect_model, reconcile
 from gpux_pack.providers import BaseImage
@@ -183,6 +183,8 @@ def prepare(
     turns into an image with the same layers."""
     plan = locked(plan_for(loaded, provider_name, reason, options, client, ui, pull), ui, refresh,
                   None if self_contained else client)  # fmt: skip
+    if plan.externalize:
+        ui.info(weights_note(plan.model.files[0], plan.model.inline_weights))
     if self_contained:
         installed = install(plan.runtime_base, ui)
         return Prepared(plan, model_context(plan, installed, dockerfile(plan, part="image")))

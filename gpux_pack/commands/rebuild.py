@@ -16,7 +16,8 @@ and the labels (its size is the recorded one, or the replay is no replay), and a
 (a test compares the two). Anything else, or anything unexpected, returns False and the full
 build runs. GPUX_PACK_REBUILD=0 turns it off.
 
-It imports only the standard library and three small modules, and talks to the engine over
+It imports only the standard library and four small modules (the protobuf wire walk is the
+model skeleton's), and talks to the engine over
 its unix socket itself: the whole rebuild is mostly the engine's `docker load`.
 """
 
@@ -33,11 +34,12 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from gpux_pack import __version__, staging
 from gpux_pack.image import layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
+from gpux_pack.project.skeleton import WireError, fields
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
@@ -126,43 +128,6 @@ _TENSOR_EXTERNAL = {13, 14}  # external_data, data_location
 _GRAPH, _INITIALIZER = 7, 5  # ModelProto.graph, GraphProto.initializer
 
 
-def _varint(buf: Any, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise Miss("the model is not a well-formed protobuf")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(field number, wire type, start of the field's tag, start of its value, its end)."""
-    pos = start
-    while pos < end:
-        tag_start = pos
-        tag, pos = _varint(buf, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            _, value_end = _varint(buf, pos)
-        elif wire == 1:
-            value_end = pos + 8
-        elif wire == 5:
-            value_end = pos + 4
-        elif wire == 2:
-            length, pos = _varint(buf, pos)
-            value_end = pos + length
-        else:
-            raise Miss("the model uses protobuf groups")
-        if value_end > end or number == 0:
-            raise Miss("the model is not a well-formed protobuf")
-        yield number, wire, tag_start, pos, value_end
-        pos = value_end
-
-
 def structure(path: Path) -> str:
     """A digest of the model file with its initializers' values left out (their lengths kept):
     equal for two files that differ only in trained weights. Miss for external data."""
@@ -175,6 +140,8 @@ def structure(path: Path) -> str:
             buf = memoryview(mapped)
             try:
                 _digest_message(buf, 0, size, h, 0)
+            except WireError as e:
+                raise Miss(f"the model is not a well-formed protobuf ({e})") from None
             finally:
                 buf.release()
     return h.hexdigest()
@@ -182,7 +149,7 @@ def structure(path: Path) -> str:
 
 def _digest_message(buf: Any, start: int, end: int, h: Any, depth: int) -> None:
     """depth 0: a ModelProto, 1: its GraphProto, 2: an initializer (TensorProto)."""
-    for number, wire, tag_start, value_start, value_end in _fields(buf, start, end):
+    for number, wire, tag_start, value_start, value_end in fields(buf, start, end):
         h.update(buf[tag_start:value_start])
         if depth == 0 and number == _GRAPH and wire == 2:
             _digest_message(buf, value_start, value_end, h, 1)
@@ -294,6 +261,8 @@ def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: s
                     if str(Path(m.source).resolve()) != model:
                         raise Miss("a layer copies a file other than the model")
                     item["model"] = True
+                    if m.ranges is not None:  # its weights, moved to a data file: where they lie in the model
+                        item["ranges"] = [list(r) for r in m.ranges]
                 elif m.data is not None:
                     item["data"] = base64.b64encode(m.data).decode()
                 members.append(item)
@@ -362,8 +331,9 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: 
                 data = base64.b64decode(m["data"])
                 data = data.replace(old_sha.encode(), sha.encode())
                 m["data"] = base64.b64encode(data).decode()
+            ranges = tuple(tuple(r) for r in m["ranges"]) if "ranges" in m else None  # the same structure: the same places
             members.append(layer_tar.Member(m["name"], m["mode"], m["mtime"], source=model if m.get("model") else None,
-                                            data=data, uid=m["uid"], gid=m["gid"]))  # fmt: skip
+                                            data=data, uid=m["uid"], gid=m["gid"], ranges=ranges))  # fmt: skip
         uname = lay["uname"].encode()
         layer_tar.check(members)
         layers.append(LayerTar(lay["name"], members, layer_tar.digest(members, uname), layer_tar.size_of(members),

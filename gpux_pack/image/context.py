@@ -24,6 +24,7 @@ from gpux_pack.errors import PackError, UsageError
 from gpux_pack.image import layer_tar
 from gpux_pack.image.layout import LAYERS, Layer
 from gpux_pack.plan import UID, Plan
+from gpux_pack.project.skeleton import external_form
 from gpux_pack.sources import runtime_files
 from gpux_pack.wheels import Installed, bytecode
 
@@ -82,9 +83,21 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> C
     ]
     if installed is not None:
         entries += _runtime_base_entries(installed)
-    folder, model = plan.model.path.parent, LAYERS["model"].lands
-    entries.append(layer(LAYERS["model"], [_file(f"{model}/{name}", source=folder / name) for name in plan.model.files]))
+    entries.append(layer(LAYERS["model"], model_members(plan)))
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
+
+
+def model_members(plan: Plan) -> list[layer_tar.Member]:
+    """The model's files as the image keeps them: as given, or with the weights moved out."""
+    folder, lands = plan.model.path.parent, LAYERS["model"].lands
+    if not plan.externalize:
+        return [_file(f"{lands}/{name}", source=folder / name) for name in plan.model.files]
+    model, data = plan.model_files
+    form = external_form(plan.model.path, data)
+    if sum(length for _, length, _ in form.ranges) != plan.model.inline_weights:
+        raise PackError(f"{plan.model.path}: the model changed while it was built; build again")
+    return [_file(f"{lands}/{model}", data=form.model),
+            layer_tar.Member(f"{lands}/{data}".strip("/"), 0o644, MTIME, source=plan.model.path, ranges=form.ranges)]
 
 
 def layer(of: Layer, files: list[layer_tar.Member]) -> Entry:

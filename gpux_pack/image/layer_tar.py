@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from gpux_pack.project.skeleton import copy_ranges
+
 BLOCK = 512
 MTIME = 315532800  # every file's time in the context and its layers: 1980-01-01, valid in every archive format
 CHUNK = 1 << 20
@@ -39,6 +41,9 @@ class Member:
     data: bytes | None = None  # ... or the content itself
     uid: int = 0  # 0: COPY without --chown; the image's user for a folder it owns (ADD of a tar)
     gid: int = 0
+    # with source: the content is these pieces of it, (offset in source, length, offset here), zeros
+    # between them (a model's weights moved to an external data file: skeleton.external_form)
+    ranges: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def is_dir(self) -> bool:
@@ -48,6 +53,8 @@ class Member:
     def size(self) -> int:
         if self.data is not None:
             return len(self.data)
+        if self.ranges is not None:
+            return max((at + length for _, length, at in self.ranges), default=0)
         return 0 if self.source is None else self.source.stat().st_size
 
 
@@ -120,6 +127,8 @@ def chunks(members: list[Member], uname: bytes) -> Iterator[bytes]:
             continue
         if m.data is not None:
             yield m.data
+        elif m.ranges is not None:
+            yield from copy_ranges(m.source, m.ranges, CHUNK)  # type: ignore[arg-type]
         else:
             with open(m.source, "rb") as f:  # type: ignore[arg-type]
                 while piece := f.read(CHUNK):

@@ -430,6 +430,11 @@ class PackSection(_Section):
     tag: str | None = None
     requirements: list[str] = []
     warmup: Literal["auto", "always", "never"] = "auto"
+    weights: Literal["auto", "inline", "external"] = Field(
+        "auto", description="How the image stores a model's large inline weights: external moves them to a data file "
+        "beside the model, each at a page-aligned offset (ONNX Runtime maps them: it starts the model faster); "
+        "inline keeps the model file as given; auto: external from 64 MiB of inline weights",
+    )
     tensorrt: TensorRTSection = TensorRTSection()
     openvino: OpenVINOSection = OpenVINOSection()
     accuracy: AccuracySection | None = None

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpux_pack.project.config import TensorSpec
 from gpux_pack.project.load import Project
+from gpux_pack.project.skeleton import Weight, read_skeleton
 from gpux_pack.errors import ModelError
 from gpux_pack.runtime.dtypes import ONNX_TO_NAME
 
@@ -39,6 +40,7 @@ class ModelInfo:
     # the intermediate tensors' peak bytes as terms: bytes x the product of the request's sizes
     # of the named input dimensions ((input, axis), ...); see working_memory
     working_memory: tuple[tuple[tuple[tuple[str, int], ...], int], ...] = ()
+    inline_weights: int = 0  # bytes of the large initializers stored in the model file itself
 
 
 def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
@@ -52,8 +54,9 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     if path.stat().st_size == 0:
         raise ModelError(shown, "is empty (0 bytes)")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # protobuf raises several types for non-ONNX bytes
+        skeleton = read_skeleton(path)
+        proto = onnx.ModelProto.FromString(skeleton.model)
+    except Exception as e:  # the wire walk or protobuf: several types for non-ONNX bytes
         raise ModelError(shown, f"is not an ONNX model ({_first_line(e)})") from None
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.output:
         raise ModelError(shown, "is not an ONNX model (no graph with outputs; truncated or another format?)")
@@ -76,15 +79,16 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     custom = sorted({f"{n.domain}:{n.op_type}" for n in _all_nodes(proto.graph)
                      if n.domain not in ORT_DOMAINS and n.domain not in local})
     files = (path.name, *sorted(external))
-    drop_weights(proto)  # from here on only the graph's structure is read
     working = working_memory(proto, initializers)
     ir_version, nodes = proto.ir_version, len(proto.graph.node)
     producer = " ".join(p for p in (proto.producer_name, proto.producer_version) if p)
-    # The checker reads the file again (in C++): the parsed model, weights and all, is let go
-    # first, so a build holds the model about twice at its peak, not three times
-    del proto
     try:
-        onnx.checker.check_model(str(path))
+        if skeleton.weights:  # the checker sees the graph, the skipped weights' bytes are checked here
+            _check_weights(proto, skeleton.weights)
+            onnx.checker.check_model(_weights_as_inputs(proto, skeleton.weights))
+        else:  # the whole file is its graph: the checker reads it (external data by its paths)
+            del proto
+            onnx.checker.check_model(str(path))
     except Exception as e:
         raise ModelError(shown, f"fails the ONNX checker: {_first_line(e)}") from None
     digest, size = _digest(path.parent, files)
@@ -102,6 +106,7 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
         custom_ops=tuple(custom),
         nodes=nodes,
         working_memory=working,
+        inline_weights=sum(w.length for w in skeleton.weights),
     )
 
 
@@ -112,13 +117,53 @@ _IN_PLACE = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "H
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
 
-def drop_weights(proto: Any) -> None:
-    """Let go of the main graph's big initializers' bytes, in place, without reading them (reading
-    `raw_data` copies it: a 1.5 GB model would be held twice more)."""
-    for tensor in proto.graph.initializer:
-        if tensor.ByteSize() > 4096:
-            for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-                tensor.ClearField(field)
+def _check_weights(proto: Any, weights: tuple[Weight, ...]) -> None:
+    """What the checker would say of a weight whose bytes the skeleton skipped: one value field,
+    a numeric type, and bytes enough for its shape (ONNX Runtime would fail on them at start)."""
+    import onnx
+
+    for weight in weights:
+        tensor = proto.graph.initializer[weight.index]
+        name = tensor.name or "(unnamed)"
+        if weight.typed_fields or tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raise ValueError(f"TensorProto (tensor name: {name}) should contain one and only one value field.")
+        if tensor.data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+            kind = "UNDEFINED" if tensor.data_type == onnx.TensorProto.UNDEFINED else "STRING"
+            raise ValueError(f"TensorProto (tensor name: {name}) has data type {kind}, which raw_data cannot hold")
+        count = 1
+        for dim in tensor.dims:
+            count *= dim
+        bits = _BITS.get(tensor.data_type)
+        if bits is None:
+            try:
+                bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+            except (KeyError, ValueError, TypeError):
+                raise ValueError(f"TensorProto (tensor name: {name}) has unknown data type {tensor.data_type}") from None
+        needed = (count * bits + 7) // 8
+        if count < 0 or weight.length < needed:
+            raise ValueError(f"TensorProto (tensor name: {name}) raw_data size ({weight.length} bytes) is too small "
+                             f"for the declared shape and type ({needed} bytes required)")
+
+
+_BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2}  # UINT4, INT4, FLOAT4E2M1, UINT2, INT2: packed
+
+
+def _weights_as_inputs(proto: Any, weights: tuple[Weight, ...]) -> Any:
+    """The skeleton as the checker can read it: each skipped weight a graph input of its type and
+    shape instead of an initializer without bytes (an input is checked as a name the graph
+    defines, which is what a weight is to every node that reads it)."""
+    import onnx
+
+    listed = {v.name for v in proto.graph.input}
+    for weight in sorted(weights, key=lambda w: w.index, reverse=True):
+        tensor = proto.graph.initializer[weight.index]
+        if tensor.name not in listed:
+            if proto.ir_version < 4:  # the checker's own rule before IR 4
+                raise ValueError(f"{tensor.name} in initializer but not in graph input")
+            proto.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+            listed.add(tensor.name)
+        del proto.graph.initializer[weight.index]
+    return proto
 
 
 def working_memory(proto: Any, initializers: set[str]) -> tuple[tuple[tuple[tuple[str, int], ...], int], ...]:
@@ -132,7 +177,7 @@ def working_memory(proto: Any, initializers: set[str]) -> tuple[tuple[tuple[tupl
     largest live total. A dimension inference cannot tie to an input's (a Reshape to -1) counts
     as 1, so the estimate errs low rather than refuse what fits; ONNX Runtime's scratch and its
     fusions are not modelled. Inference needs the initializers' shapes only: the caller passes
-    a proto whose big weights it has let go (drop_weights), or inference would copy them."""
+    the model's skeleton, its big weights left in the file."""
     import onnx
 
     try:
