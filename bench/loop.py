@@ -21,6 +21,12 @@ absolute times are in the JSON only to read the ratios by. Rows:
                    The same rebuild against the same docker build with nothing changed (every
                    step "Using cache", checked): the least a docker build of this model costs,
                    the anchor. Target <= 1.0x.
+  model rebuild after a sync vs GPUX's Dockerfile, cached
+                   As the peers' benchmark builds: each round writes gpux.yml (the same bytes)
+                   and the changed model into the project anew (new mtimes, as a CI checkout or
+                   a sync tool leaves them), then `gpux-pack build`; against a cached docker
+                   build (classic and BuildKit) of GPUX's documented Dockerfile (GPUX_DOCKERFILE
+                   below). Target <= 1.0x.
   --version vs python -c pass
                    `gpux-pack --version` (the CLI's start) against the interpreter's own start
                    (`python -c pass`, the same interpreter), both subprocesses.
@@ -158,6 +164,19 @@ COPY gpux.json /opt/gpux/gpux.json
 """
 
 
+# GPUX's documented Dockerfile (docs/deployment: FROM python:3.11-slim, pip install gpux, COPY the
+# model and gpux.yml, EXPOSE, CMD), on our runtime base instead of python:3.11-slim (nothing is pulled
+# here) and with `RUN true` for its pip install: cached, as the peers' benchmark times it.
+GPUX_DOCKERFILE = """\
+FROM {base}
+RUN true
+COPY model.onnx gpux.yml /app/
+WORKDIR /app
+EXPOSE 8080
+CMD ["gpux", "serve", "model", "--port", "8080"]
+"""
+
+
 def timed(argv: list[str], env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
     started = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -176,9 +195,11 @@ def build_json(project: Path, base: str, tag: str, provider: str | None) -> dict
     return json.loads(proc.stdout)["images"][0]
 
 
-def docker_build(context: Path, tag: str) -> tuple[float, int]:
-    """`docker build` through the docker CLI (classic builder); (seconds, steps taken from cache)."""
-    seconds, proc = timed(["docker", "build", "-t", tag, str(context)], env={"DOCKER_BUILDKIT": "0"})
+def docker_build(context: Path, tag: str, buildkit: str = "0") -> tuple[float, int]:
+    """`docker build` through the docker CLI, classic builder; or BuildKit through Debian's CLI (the
+    preinstalled client has no buildx); (seconds, steps taken from cache, which the classic builder prints)."""
+    cli = "/usr/bin/docker" if buildkit == "1" else "docker"
+    seconds, proc = timed([cli, "build", "-t", tag, str(context)], env={"DOCKER_BUILDKIT": buildkit})
     if proc.returncode != 0:
         sys.exit(f"docker build failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return seconds, proc.stdout.count("Using cache")
@@ -283,8 +304,38 @@ def rebuild_rows(client, args, work: Path, made: set[str]) -> dict:
         assert cached == 2, f"the cached docker build took {cached} of 2 steps from cache"
         return seconds
 
-    times: dict[str, list[float]] = {"ours": [], "changed": [], "cached": []}
-    steps = {"ours": ours, "changed": changed, "cached": cached}
+    staged = work / "staged"  # what a CI checkout or a sync tool writes: every file anew, gpux.yml's bytes unchanged
+    shutil.copytree(project, staged)
+    gpux_style = work / "gpux-style"
+    gpux_style.mkdir()
+    (gpux_style / "Dockerfile").write_text(GPUX_DOCKERFILE.format(base=runtime))
+    for name in ("model.onnx", "gpux.yml"):
+        shutil.copy(project / name, gpux_style / name)
+    for builder in ("0", "1"):
+        docker_build(gpux_style, f"{PREFIX}:gpux-style", buildkit=builder)
+    made.add(client.images.get(f"{PREFIX}:gpux-style").id)
+
+    def synced() -> float:
+        bump_weights(staged / "model.onnx")
+        for name in ("model.onnx", "gpux.yml"):
+            shutil.copy(staged / name, project / name)
+        seconds, proc = gpux("build", str(project), "--base-image", args.base_image, "--tag", tag, "-q", *extra)
+        if proc.returncode != 0:
+            sys.exit(f"gpux-pack build failed:\n{proc.stderr[-2000:]}")
+        made.add(client.images.get(tag).id)
+        return seconds
+
+    def gpux_cached(buildkit: str):
+        def step() -> float:
+            seconds, cached = docker_build(gpux_style, f"{PREFIX}:gpux-style", buildkit=buildkit)
+            assert buildkit == "1" or cached == 5, f"the cached GPUX-style build took {cached} of 5 steps from cache"
+            return seconds
+        return step
+
+    times: dict[str, list[float]] = {"ours": [], "changed": [], "cached": [], "synced": [], "gpux_classic": [],
+                                     "gpux_buildkit": []}
+    steps = {"ours": ours, "changed": changed, "cached": cached, "synced": synced,
+             "gpux_classic": gpux_cached("0"), "gpux_buildkit": gpux_cached("1")}
     for i in range(args.rounds):
         order = list(steps) if i % 2 == 0 else list(reversed(steps))
         for name in order:
@@ -299,6 +350,13 @@ def rebuild_rows(client, args, work: Path, made: set[str]) -> dict:
         "cached_docker_build_s": med(times["cached"]),
         "rebuild_vs_changed": round(statistics.median(times["ours"]) / statistics.median(times["changed"]), 2),
         "rebuild_vs_cached": round(statistics.median(times["ours"]) / statistics.median(times["cached"]), 2),
+        "synced_rebuild_s": med(times["synced"]),
+        "gpux_style_cached_classic_s": med(times["gpux_classic"]),
+        "gpux_style_cached_buildkit_s": med(times["gpux_buildkit"]),
+        "synced_vs_gpux_style_classic": round(statistics.median(times["synced"])
+                                              / statistics.median(times["gpux_classic"]), 2),
+        "synced_vs_gpux_style_buildkit": round(statistics.median(times["synced"])
+                                               / statistics.median(times["gpux_buildkit"]), 2),
         "samples_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
     }
 
@@ -490,6 +548,10 @@ def main() -> None:
               f"{r['changed_docker_build_s']} s | {r['rebuild_vs_changed']}x | <= 1.0x |")
         print(f"| model rebuild (`build -q`) | {r['model_rebuild_s']} s | cached `docker build`: "
               f"{r['cached_docker_build_s']} s | {r['rebuild_vs_cached']}x | <= 1.0x |")
+        for kind, key in (("classic", "classic"), ("BuildKit", "buildkit")):
+            print(f"| model rebuild after a sync (files rewritten) | {r['synced_rebuild_s']} s | GPUX's Dockerfile, "
+                  f"cached ({kind}): {r[f'gpux_style_cached_{key}_s']} s | {r[f'synced_vs_gpux_style_{key}']}x | "
+                  "<= 1.0x |")
     if "version" in result:
         r = result["version"]
         print(f"| `gpux-pack --version` | {r['version_s']} s | `python -c pass`: {r['python_s']} s "
