@@ -40,7 +40,7 @@ def build(project: Path, tag: str, base: str, env: dict, *extra: str) -> tuple[f
     proc = subprocess.run(
         [sys.executable, "-m", "gpux_pack", "build", str(project), "--base-image", base, "--tag", tag, "--json", *extra],
         capture_output=True, text=True, env={**os.environ, **env},
-    )  # fmt: skip
+    )
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"build failed:\n{proc.stderr[-2000:]}")

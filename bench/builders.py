@@ -58,7 +58,7 @@ def main() -> None:
         subprocess.run(["cp", "-r", str(ROOT / "examples" / "mlp"), str(project)], check=True)
         context = Path(tmp) / "context"
         run([*gpux, "render", str(project), "--provider", "cpu", "--base-image", args.base_image, "--output",
-             str(context)], **SAME_TIME)  # fmt: skip
+             str(context)], **SAME_TIME)
         if subprocess.run(["podman", "image", "exists", args.base_image]).returncode:
             run(["podman", "pull", "-q", f"docker-daemon:{args.base_image}"])
         empty_owner = ["sha256:" + hashlib.sha256((context / f"{n}.tar").read_bytes()).hexdigest() for n in LAYERS]
@@ -66,7 +66,7 @@ def main() -> None:
 
         def ours() -> dict:
             out = json.loads(run([*gpux, "build", str(project), "--provider", "cpu", "--base-image", args.base_image,
-                                  "--tag", "gpux-bench/builders:gpux-pack", "--json"], **SAME_TIME)[1])  # fmt: skip
+                                  "--tag", "gpux-bench/builders:gpux-pack", "--json"], **SAME_TIME)[1])
             runtime_base = out["images"][0]["runtime_base"]
             subprocess.run(["docker", "rmi", "-f", "gpux-bench/builders:gpux-pack", runtime_base], capture_output=True)
             return out["images"][0]
@@ -75,14 +75,14 @@ def main() -> None:
         builders = {
             "gpux-pack build (cold: runtime base assembled too)": None,
             "classic docker build": ([DOCKER, "build", "--no-cache", "-q", "-t", "gpux-bench/builders:classic",
-                                      str(context)], {"DOCKER_BUILDKIT": "0"}, "docker"),  # fmt: skip
+                                      str(context)], {"DOCKER_BUILDKIT": "0"}, "docker"),
             "BuildKit": ([DOCKER, "build", "--no-cache", "-q", "-t", "gpux-bench/builders:buildkit", str(context)],
-                         {"DOCKER_BUILDKIT": "1"}, "docker"),  # fmt: skip
+                         {"DOCKER_BUILDKIT": "1"}, "docker"),
             "podman build": (["podman", "build", "--format", "docker", "--pull=never", "--no-cache", "-q", "-t",
-                              "localhost/gpux-bench/builders:podman", str(context)], {}, "podman"),  # fmt: skip
+                              "localhost/gpux-bench/builders:podman", str(context)], {}, "podman"),
             "buildah bud --layers": (["buildah", "bud", "--layers", "--format", "docker", "--pull=never", "--no-cache",
                                       "-q", "-t", "localhost/gpux-bench/builders:buildah", str(context)], {},
-                                     "podman"),  # fmt: skip
+                                     "podman"),
         }
         times: dict[str, list[float]] = {name: [] for name in builders}
         layers: dict[str, list[str]] = {}
@@ -94,12 +94,12 @@ def main() -> None:
                     started = time.perf_counter()
                     out = json.loads(run([*gpux, "build", str(project), "--provider", "cpu", "--base-image",
                                           args.base_image, "--tag", "gpux-bench/builders:gpux-pack", "--json"],
-                                         **SAME_TIME)[1])  # fmt: skip
+                                         **SAME_TIME)[1])
                     times[name].append(time.perf_counter() - started)
                     assert out["images"][0]["runtime_base_built"] or out["images"][0]["assembled"]
                     layers[name] = docker_layers("gpux-bench/builders:gpux-pack")[len(base) :]
                     subprocess.run(["docker", "rmi", "-f", "gpux-bench/builders:gpux-pack", first["runtime_base"]],
-                                   capture_output=True)  # fmt: skip
+                                   capture_output=True)
                     continue
                 cmd, env, engine = spec
                 seconds, _ = run(cmd, **env)
@@ -119,11 +119,11 @@ def main() -> None:
                 "same_as_gpux_pack_bytes_with_empty_owner_names": layers[name] == empty_owner,
                 "samples_s": [round(t, 3) for t in times[name]],
                 "diff_ids": [d[7:19] for d in layers[name]],
-            })  # fmt: skip
+            })
     result = {"base_image": args.base_image, "rounds": args.rounds, "cpus": len(os.sched_getaffinity(0)),
               "empty_owner_diff_ids": [d[7:19] for d in empty_owner],
               "note": "builds without cache of examples/mlp's render --output; gpux-pack build with its runtime base "
-                      "image removed first", "rows": rows}  # fmt: skip
+                      "image removed first", "rows": rows}
     (ROOT / "bench" / "results-builders.json").write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:
         print(f"| {row['builder']} | {row['seconds']} s | {row['vs_gpux_pack']}x | "

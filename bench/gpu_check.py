@@ -16,7 +16,7 @@ CUDA 13 and cuDNN 9 come from NVIDIA's pip wheels, which the runtime preloads
 there is no CUDA provider.
 
 For each example under examples/, the folder a cuda image holds (model/ and gpux.json) is made
-by the packager's own planning code (commands.build.load and plan_for, and the plan's
+by the packager's own planning code (pipeline.build.load and plan_for, and the plan's
 gpux_json for the cuda row); then the image's runtime runs it in this process
 as a container would (Settings.load, Model.load, warmup, tune_threads) with
 GPUX_REQUIRE_PROVIDER=1, so a CUDA provider that does not start is an error, never CPU numbers
@@ -101,7 +101,7 @@ class Refused(Exception):
 def image_folder(example: Path, folder: Path) -> dict[str, Any]:
     """model/ and gpux.json as a cuda image holds them (the build writes the same gpux.json),
     from the real planning code: no Docker, no wheels, no network."""
-    from gpux_pack.commands.build import load, plan_for
+    from gpux_pack.pipeline.build import load, plan_for
     from gpux_pack.plan import Options, with_lock
     from gpux_pack.ui import Reporter
     from gpux_pack.wheels import Lock, Pin
@@ -123,7 +123,7 @@ def skip_reason(spec: dict[str, Any]) -> str | None:
     strings = [t["name"] for t in (*spec["inputs"], *spec["outputs"]) if t.get("type") == "string"]
     if strings:
         return (f"string tensors ({', '.join(strings)}): the CUDA provider has no kernels for them, so none of "
-                "the model would run on the GPU")  # fmt: skip
+                "the model would run on the GPU")
     return None
 
 
@@ -133,7 +133,7 @@ def runtime_settings(folder: Path, providers: str | None, verbose: bool = False)
     from gpux_pack.runtime.settings import Settings
 
     env = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache"),
-           "GPUX_REQUIRE_PROVIDER": "1", "GPUX_LOG_LEVEL": "debug" if verbose else "warning"}  # fmt: skip
+           "GPUX_REQUIRE_PROVIDER": "1", "GPUX_LOG_LEVEL": "debug" if verbose else "warning"}
     if providers:
         env["GPUX_PROVIDERS"] = providers
     return Settings.load(env)
@@ -147,22 +147,22 @@ def preflight(dry_run: bool) -> dict[str, Any]:
     """onnxruntime, its CUDA provider and a CUDA device, before any work: each missing one is a
     one-line refusal (dry run: onnxruntime only)."""
     from gpux_pack import providers
-    from gpux_pack.runtime import warm
+    from gpux_pack.runtime import caches, devices
 
     pin = providers.get("cuda").version
     try:
         import onnxruntime as ort
     except ImportError as e:
         raise Refused(f"onnxruntime-gpu is not installed ({e}): pip install onnxruntime-gpu=={pin}") from None
-    libraries = warm.library_versions()
+    libraries = caches.library_versions()
     builds = ", ".join(f"{k} {v}" for k, v in libraries.items() if k in ("onnxruntime", "onnxruntime-gpu")) or "unknown"
     out = {"onnxruntime": ort.__version__, "distributions": builds, "pin": pin, "libraries": libraries}
     if dry_run:
         return out
     if CUDA_EP not in ort.get_available_providers():
         raise Refused(f"onnxruntime-gpu is missing: this onnxruntime ({builds}) has no {CUDA_EP}; "
-                      f"pip uninstall onnxruntime, then pip install onnxruntime-gpu=={pin}")  # fmt: skip
-    device = warm.nvidia_device()
+                      f"pip uninstall onnxruntime, then pip install onnxruntime-gpu=={pin}")
+    device = devices.nvidia_device()
     if not GPU_DEVICE.match(device):
         raise Refused(f"no CUDA device: {device}")
     return {**out, "device": device}
@@ -174,6 +174,7 @@ def check_example(name: str, folder: Path, dry_run: bool, runs: int, batch: int,
     device, the options in effect, and session.run against a CPU session."""
     from gpux_pack import providers
     from gpux_pack.errors import PackError
+    from gpux_pack.runtime import warmup
     from gpux_pack.runtime.session import Model
     from gpux_pack.runtime.settings import StartupError
 
@@ -195,10 +196,10 @@ def check_example(name: str, folder: Path, dry_run: bool, runs: int, batch: int,
         raise Refused(f"{name}: {ep} is not active; active providers: {', '.join(model.active)}")
     out["active"] = model.active
     try:
-        model.warmup(strict=True)
+        warmup.run(model, strict=True)
     except StartupError as e:
         out["problems"].append(str(e))
-    model.tune_threads()
+    warmup.tune_threads(model)
     out["warmup"] = model.warmup_info()
     out["partition"] = partition_summary(out["warmup"].get("partition"), ep)
     out["accuracy"] = out["warmup"].get("accuracy")
@@ -211,13 +212,13 @@ def check_example(name: str, folder: Path, dry_run: bool, runs: int, batch: int,
     out["options"] = options_report(asked, table, None if dry_run else (effective or {}))
 
     cpu = Model.load(runtime_settings(folder, "cpu", verbose), warm_up=False)
-    cpu.tune_threads()
-    feeds = batched(model.warmup_feeds()[0], model.inputs, batch)
+    warmup.tune_threads(cpu)
+    feeds = batched(warmup.generated_inputs(model)[0], model.inputs, batch)
     ep_ms, cpu_ms = interleaved(model.session, cpu.session, feeds, runs)
     out["latency_ms"] = {"provider": percentiles(ep_ms), "cpu": percentiles(cpu_ms),
                          "cpu_over_provider": round(float(np.median(cpu_ms) / np.median(ep_ms)), 3),
                          "runs": runs, "shapes": {k: list(v.shape) for k, v in feeds.items()},
-                         "threads": {"provider": model.threads, "cpu": cpu.threads}}  # fmt: skip
+                         "threads": {"provider": model.threads, "cpu": cpu.threads}}
 
     part = out["partition"]
     if part["total"] == 0:
@@ -262,7 +263,7 @@ def options_report(asked: dict[str, Any], table: dict[str, Any], effective: dict
     it (effective None: not checked, the CUDA provider is not in the session)."""
     keys = sorted(set(CHECKED_OPTIONS) | set(asked))
     rows = {k: {"table": table.get(k), "asked": asked.get(k),
-                "effective": None if effective is None else effective.get(k)} for k in keys}  # fmt: skip
+                "effective": None if effective is None else effective.get(k)} for k in keys}
     differ = [] if effective is None else [
         k for k in keys if asked.get(k) is not None and str(effective.get(k)) != str(asked[k])
     ]
@@ -307,7 +308,7 @@ def run_checks(names: list[str], dry_run: bool, runs: int, batch: int, atol: flo
     report: dict[str, Any] = {
         "mode": "dry-run-cpu" if dry_run else "gpu", **facts, "python": platform.python_version(),
         "runs": runs, "batch": batch, "atol": atol, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }  # fmt: skip
+    }
     with tempfile.TemporaryDirectory(prefix="gpux-gpu-check-") as tmp:
         report["examples"] = [check_example(n, Path(tmp) / n, dry_run, runs, batch, atol, verbose) for n in names]
     devices = {e["device"] for e in report["examples"] if e.get("device")}
@@ -330,9 +331,9 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if dry:
         lines.append("DRY RUN on CPUExecutionProvider (--allow-cpu): no GPU involved; these numbers say nothing "
-                     "about GPUs")  # fmt: skip
+                     "about GPUs")
     lines += ["", "| example | provider | nodes on it | accuracy vs CPU (max abs) | p50 ms | CPU p50 ms | CPU / it "
-              "| CUDA options | result |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| CUDA options | result |", "|---|---|---|---|---|---|---|---|---|"]
     for e in report["examples"]:
         if e["skipped"] or "partition" not in e:
             why = f"skipped: {e['skipped']}" if e["skipped"] else "; ".join(e["problems"])
@@ -348,7 +349,7 @@ def markdown(report: dict[str, Any]) -> str:
         result = "ok" if e["ok"] else "FAILED"
         lines.append(f"| {e['example']} | {e['provider'].removesuffix('ExecutionProvider')} | {nodes} | {acc} | "
                      f"{lat['provider']['p50']:.4f} | {lat['cpu']['p50']:.4f} | {lat['cpu_over_provider']:.2f}x | "
-                     f"{verdict} ({shown}) | {result} |")  # fmt: skip
+                     f"{verdict} ({shown}) | {result} |")
     for e in report["examples"]:
         lines += [f"- {e['example']}: {p}" for p in e["problems"]]
         lines += [f"- {e['example']}: note: {n}" for n in e["notes"]]
@@ -380,11 +381,11 @@ def docker_check(example: Path, port: int = 18080) -> dict[str, Any]:
     second = _start(warmed.get("tag") or tag, port)
     problems = [f"{which} start: {CUDA_EP} is not active ({start['providers']})"
                 for which, start in (("first", first), ("second", second))
-                if (start["providers"].get("active") or [None])[0] != CUDA_EP]  # fmt: skip
+                if (start["providers"].get("active") or [None])[0] != CUDA_EP]
     if not GPU_DEVICE.match(str(warmed.get("device") or "")):
         problems.append(f"warmup's key device does not name a GPU: {warmed.get('device')!r}")
     return {"example": example.name, "image": tag, "first_start": first, "warmup": warmed, "second_start": second,
-            "problems": problems, "ok": not problems}  # fmt: skip
+            "problems": problems, "ok": not problems}
 
 
 def docker_skip(name: str) -> str | None:
@@ -420,7 +421,7 @@ def _start(tag: str, port: int) -> dict[str, Any]:
         finally:
             engine.remove_container(container)
     return {"seconds_to_ready": round(ready, 2), "providers": info["execution_providers"],
-            "warmup": info["warmup"], "load_seconds": info["load_seconds"]}  # fmt: skip
+            "warmup": info["warmup"], "load_seconds": info["load_seconds"]}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def free_port() -> int:
 
 def get(url: str, body: bytes | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET",
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+                                     headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=30) as r:
             return r.status, json.loads(r.read())
@@ -95,7 +95,7 @@ def cpu_answer(model: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 def worst(answer: dict, reference: dict) -> dict[str, float]:
     return {k: float(np.max(np.abs(np.asarray(answer[k], dtype=np.float64) - reference[k].astype(np.float64))))
-            for k in reference}  # fmt: skip
+            for k in reference}
 
 
 def check(example: str, provider: str, requests: int, atol: float) -> dict:
@@ -107,7 +107,7 @@ def check(example: str, provider: str, requests: int, atol: float) -> dict:
     env = {**os.environ, "GPUX_REQUIRE_PROVIDER": "1"}
     log_file = (work / "serve.log").open("w+")  # a file, not a pipe nobody reads while it serves
     process = subprocess.Popen([sys.executable, "-m", "gpux_pack", "serve", str(project), "--provider", provider,
-                                "--port", str(port)], env=env, stderr=log_file)  # fmt: skip
+                                "--port", str(port)], env=env, stderr=log_file)
     out: dict = {"example": example, "provider": provider}
     try:
         out["ready_seconds"] = round(wait_ready(url, process, 300), 3)
@@ -122,11 +122,11 @@ def check(example: str, provider: str, requests: int, atol: float) -> dict:
         _, predicted = get(f"{url}/predict", json.dumps({k: v.tolist() for k, v in feeds.items()}).encode())
         out["predict_error"] = worst(predicted, reference)
         body = json.dumps({"inputs": [{"name": k, "datatype": {"float32": "FP32", "int64": "INT64"}.get(str(v.dtype), "FP32"),
-                                       "shape": list(v.shape), "data": v.ravel().tolist()} for k, v in feeds.items()]}).encode()  # fmt: skip
+                                       "shape": list(v.shape), "data": v.ravel().tolist()} for k, v in feeds.items()]}).encode()
         status, v2 = get(f"{url}/v2/models/{info['name']}/infer", body)
         out["v2_status"] = status
         out["v2_error"] = worst({o["name"]: np.asarray(o["data"]).reshape(o["shape"]) for o in v2["outputs"]},
-                                reference)  # fmt: skip
+                                reference)
         times = []
         for _ in range(requests):
             t = time.perf_counter()
@@ -147,7 +147,7 @@ def check(example: str, provider: str, requests: int, atol: float) -> dict:
             np.save(work / f"{name}.npy", value)
             given += ["--input", f"{name}={work / (name + '.npy')}"]
         predict = subprocess.run([sys.executable, "-m", "gpux_pack", "predict", str(project), "--provider", provider,
-                                  *given], capture_output=True, text=True, env=env)  # fmt: skip
+                                  *given], capture_output=True, text=True, env=env)
         out["predict_cli_exit"] = predict.returncode
         if predict.returncode == 0:
             out["predict_cli_error"] = worst(json.loads(predict.stdout), reference)
@@ -173,7 +173,7 @@ def check(example: str, provider: str, requests: int, atol: float) -> dict:
         "error" not in out and out.get("active", [""])[0] == ep and out.get("active_after_reload", [""])[0] == ep
         and out.get("v2_status") == 200 and out.get("stop_exit") == 0 and out.get("predict_cli_exit") == 0
         and all(e <= atol for e in errors)
-    )  # fmt: skip
+    )
     return out
 
 
@@ -190,7 +190,7 @@ def main() -> int:
         print("gpu_serve: onnxruntime is not installed", file=sys.stderr)
         return 2
     report = {"onnxruntime": ort.__version__, "available": ort.get_available_providers(),
-              "results": [check(e, args.provider, args.requests, args.atol) for e in args.examples.split(",")]}  # fmt: skip
+              "results": [check(e, args.provider, args.requests, args.atol) for e in args.examples.split(",")]}
     print(json.dumps(report, indent=2))
     return 0 if all(r["passed"] for r in report["results"]) else 1
 

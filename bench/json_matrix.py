@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TAG = "gpux-bench/json-matrix:mlp"
 MiB = 1024 * 1024
 SIZES = [("1 KB", 1000), ("64 KB", 64_000), ("255 KB", 255_000), ("1 MB", 1_000_000), ("4 MB", 4_000_000),
-         ("16 MiB", 16 * MiB)]  # fmt: skip
+         ("16 MiB", 16 * MiB)]
 WORKING = inspect_model(ROOT / "examples/mlp/model.onnx").working_memory  # (((features, 0),), 128)
 
 
@@ -136,7 +136,7 @@ class Memory:
         cid = container.id
         v1 = Path(f"/sys/fs/cgroup/memory/docker/{cid}")
         v2 = next((p for p in (Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope"), Path(f"/sys/fs/cgroup/docker/{cid}"))
-                   if p.exists()), None)  # fmt: skip
+                   if p.exists()), None)
         if v1.exists():
             self.usage, self.peak_file = v1 / "memory.usage_in_bytes", v1 / "memory.max_usage_in_bytes"
             self.fd = None
@@ -245,7 +245,7 @@ def main() -> None:
     ap.add_argument("--output", default=str(ROOT / "bench/results-json-matrix.json"))
     args = ap.parse_args()
     build = subprocess.run([sys.executable, "-m", "gpux_pack", "build", str(ROOT / "examples/mlp"), "--base-image",
-                            args.base_image, "--tag", TAG, "--quiet"], capture_output=True, text=True)  # fmt: skip
+                            args.base_image, "--tag", TAG, "--quiet"], capture_output=True, text=True)
     if build.returncode:
         sys.exit(f"build failed:\n{build.stderr[-2000:]}")
     client = docker.from_env()
@@ -274,7 +274,7 @@ def main() -> None:
                            "server_ms": 1000 * (s1 - s0) / max(1, n1 - n0), "p50_ms": latencies[len(latencies) // 2],
                            "rps_c8": rps, "peak_mb_c1": peak1 / MiB, "median_peak_mb_c1": typical1 / MiB,
                            "peak_mb_c8": peak8 / MiB,
-                           "charge_mb": charge(name, body, len(x)) / MiB}  # fmt: skip
+                           "charge_mb": charge(name, body, len(x)) / MiB}
                     if round_ == 0:
                         runs = max(3, min(50, int(20_000_000 / len(body))))
                         row["floor_ms"] = floor_ms(name, body, headers, runs)
@@ -287,7 +287,7 @@ def main() -> None:
                                "p50_ms": min(old["p50_ms"], row["p50_ms"]), "rps_c8": max(old["rps_c8"], row["rps_c8"]),
                                "peak_mb_c1": max(old["peak_mb_c1"], row["peak_mb_c1"]),
                                "median_peak_mb_c1": max(old["median_peak_mb_c1"], row["median_peak_mb_c1"]),
-                               "peak_mb_c8": max(old["peak_mb_c8"], row["peak_mb_c8"])}  # fmt: skip
+                               "peak_mb_c8": max(old["peak_mb_c8"], row["peak_mb_c8"])}
                     best[key] = row
                     print(f"round {round_ + 1}: {label} {name}: p50 {row['p50_ms']:.2f} ms, peak c=1 "
                           f"{peak1 / MiB:.1f} MiB (median {typical1 / MiB:.1f}) of {row['charge_mb']:.1f}", file=sys.stderr)
@@ -300,13 +300,13 @@ def main() -> None:
     rows = list(best.values())
     report = {"memory": args.memory, "rounds": args.rounds, "seconds": args.seconds, "onnxruntime": ort.__version__,
               "cpu": _cpu(), "load_generator": "wrk" if shutil.which("wrk") else "python",
-              "rows": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]}  # fmt: skip
+              "rows": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]}
     headline = best.get(("255 KB", "/predict JSON"))
     if headline is not None:
         ratio = (headline["p50_ms"] - headline["session_run_ms"]) / headline["stdlib_ms"]
         report["headline"] = {"case": "255 KB /predict JSON", "p50_ms": headline["p50_ms"],
                               "session_run_ms": headline["session_run_ms"], "stdlib_exchange_ms": headline["stdlib_ms"],
-                              "adds_over_stdlib": round(ratio, 3), "target": 0.5}  # fmt: skip
+                              "adds_over_stdlib": round(ratio, 3), "target": 0.5}
     Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
     print(f"container --memory {args.memory}; load generator {report['load_generator']}; {report['cpu']}")
     print("| body | endpoint | server ms | floor ms | p50 c=1 | req/s c=8 | peak MB c=1 | peak MB c=8 | charge MB |")

@@ -43,7 +43,7 @@ def main() -> None:
         objects = peak(lambda: orjson.loads(raw)) / len(raw)
         numeric = ""
         if name.startswith(("float", "ints")):
-            spec = tensors.TensorSpec("x", "float32", None)
+            spec = tensors.ServedTensor("x", "float32", None)
             numeric = f"{peak(lambda: tensors.numeric_array(raw, 0, len(raw), spec)) / len(raw):9.1f}x"
         print(f"{name:32s} {len(raw):10d} {objects:7.1f}x {numeric:>10s}")
     print(f"charged for the ordinary path: JSON_FACTOR = {tensors.JSON_FACTOR}x")

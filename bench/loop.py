@@ -226,7 +226,7 @@ def heavy_project(folder: Path, layers: int = 4, width: int = 384, rows: int = 3
         nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
         prev = f"r{i}"
     graph = helper.make_graph(nodes, "heavy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [rows, width])], weights)  # fmt: skip
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [rows, width])], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     folder.mkdir(parents=True)
@@ -241,7 +241,7 @@ def first_inference(client, image: str) -> tuple[float, float, dict]:
     body = json.dumps(BODY).encode()
     started = time.perf_counter()
     container = client.containers.run(image, detach=True, ports={"8080/tcp": ("127.0.0.1", None)}, read_only=True,
-                                      tmpfs={"/tmp": "rw"}, labels={"io.gpux.pack.role": "bench"})  # fmt: skip
+                                      tmpfs={"/tmp": "rw"}, labels={"io.gpux.pack.role": "bench"})
     try:
         run_call = time.perf_counter() - started
         container.reload()
@@ -447,7 +447,7 @@ def in_container(client, image: str, python: str, probe: Path, *argv: str) -> fl
     out = client.containers.run(image, command, entrypoint=[python], remove=True, read_only=True,
                                 tmpfs={"/tmp": "rw"}, volumes={str(probe): {"bind": "/gpux-bench", "mode": "ro"}},
                                 environment={"OPENBLAS_NUM_THREADS": "1", "ORT_DISABLE_TELEMETRY": "1"} if wait_exit else {},
-                                labels={"io.gpux.pack.role": "bench"})  # fmt: skip
+                                labels={"io.gpux.pack.role": "bench"})
     return float(out.decode().split()[-1])
 
 
@@ -483,7 +483,7 @@ def thread_rows(client, args, work: Path, made: set[str], mlp_tag: str | None) -
             "equal": how_many,
             "run_ms": [t.get("run_ms") for t in threads],
             "why": threads[0].get("why"),
-        })  # fmt: skip
+        })
     return rows
 
 

@@ -149,7 +149,7 @@ def measure(wheel: str, models: dict[tuple[str, int], Path], work: Path) -> dict
         ok = [n for (k, n), path in models.items() if k == kind and loaded[str(path)] is True]
         out[key] = max(ok) if ok else None
         refused = [(n, loaded[str(path)]) for (k, n), path in models.items() if k == kind and loaded[str(path)] is not True
-                   and n > (out[key] or 0)]  # fmt: skip
+                   and n > (out[key] or 0)]
         out[f"{key}_refusal"] = refused[0][1] if refused else None
     return out
 

@@ -47,13 +47,13 @@ from gpux_pack import staging, wheels  # noqa: E402
 def cli(*args: str, env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "gpux_pack", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+                          env={**os.environ, **(env or {})})
     return time.perf_counter() - started, proc
 
 
 def build(project: Path, provider: str, base: str, tag: str, *extra: str, env: dict | None = None) -> tuple[float, dict]:
     seconds, proc = cli("build", str(project), "--provider", provider, "--base-image", base, "--tag", tag, "--json",
-                        *extra, env=env)  # fmt: skip
+                        *extra, env=env)
     if proc.returncode != 0:
         sys.exit(f"build failed:\n{proc.stderr[-2000:]}")
     return seconds, json.loads(proc.stdout)["images"][0]
@@ -100,7 +100,7 @@ def handwritten_context(wheel_paths: list[Path], model: Path, base: str) -> io.B
 def handwritten(client, context: bytes, tag: str) -> float:
     started = time.perf_counter()
     for _ in client.api.build(fileobj=io.BytesIO(context), custom_context=True, tag=tag, nocache=True, rm=True,
-                              forcerm=True, decode=True):  # fmt: skip
+                              forcerm=True, decode=True):
         pass
     seconds = time.perf_counter() - started
     client.images.get(tag)  # raises when the build failed
@@ -172,13 +172,13 @@ def measure(client, provider: str, base: str, rounds: int, work: Path) -> dict:
 def _wheels_of(project: Path, provider: str, base: str) -> list[Path]:
     """The wheel files `gpux-pack render` would install, found through the CLI's own lock."""
     from gpux_pack import engine
-    from gpux_pack.commands.build import load, locked, plan_for
+    from gpux_pack.pipeline.build import load, locked, plan_for
     from gpux_pack.plan import Options
     from gpux_pack.ui import Reporter
 
     ui = Reporter(quiet=True)
     plan = locked(plan_for(load(project), provider, "bench", Options(base_image=base), engine.connect(), ui,
-                           pull=False), ui)  # fmt: skip
+                           pull=False), ui)
     return [w.path for w in wheels.fetch(plan.lock).wheels]
 
 

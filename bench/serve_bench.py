@@ -49,23 +49,23 @@ def conv_model(path: Path, depth: int, head: int = 0) -> None:
     nodes, inits, prev, cin = [], [], "x", 3
     for i, (cout, stride) in enumerate([(8, 2), (8, 2)] + [(8, 1)] * depth):
         inits += [numpy_helper.from_array((rng.normal(size=(cout, cin, 3, 3)) * 0.3).astype(np.float32), f"w{i}"),
-                  numpy_helper.from_array(np.zeros(cout, np.float32), f"b{i}")]  # fmt: skip
+                  numpy_helper.from_array(np.zeros(cout, np.float32), f"b{i}")]
         nodes += [helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1], strides=[stride] * 2),
-                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]  # fmt: skip
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
         prev, cin = f"r{i}", cout
     nodes += [helper.make_node("GlobalAveragePool", [prev], ["p"]), helper.make_node("Flatten", ["p"], ["f"])]
     features = "f"
     for j, width in enumerate([head, head] if head else []):  # VGG-style: FC + ReLU, twice
         inits += [numpy_helper.from_array((rng.normal(size=(cin, width)) / np.sqrt(cin)).astype(np.float32), f"wh{j}"),
-                  numpy_helper.from_array(np.zeros(width, np.float32), f"bh{j}")]  # fmt: skip
+                  numpy_helper.from_array(np.zeros(width, np.float32), f"bh{j}")]
         nodes += [helper.make_node("Gemm", [features, f"wh{j}", f"bh{j}"], [f"h{j}"]),
-                  helper.make_node("Relu", [f"h{j}"], [f"hr{j}"])]  # fmt: skip
+                  helper.make_node("Relu", [f"h{j}"], [f"hr{j}"])]
         features, cin = f"hr{j}", width
     inits += [numpy_helper.from_array((rng.normal(size=(cin, 10)) * 0.3).astype(np.float32), "wf"),
-              numpy_helper.from_array(np.zeros(10, np.float32), "bf")]  # fmt: skip
+              numpy_helper.from_array(np.zeros(10, np.float32), "bf")]
     nodes += [helper.make_node("Gemm", [features, "wf", "bf"], ["logits"])]
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 64, 64])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], inits)  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
@@ -81,7 +81,7 @@ def project(folder: Path, batching: bool, depth: int, head: int) -> Path:
 
 def build(path: Path, base: str, tag: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "gpux_pack", "build", str(path), "--base-image", base, "--tag", tag,
-                           "--json"], capture_output=True, text=True)  # fmt: skip
+                           "--json"], capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"build failed:\n{proc.stderr[-2000:]}")
 
@@ -91,17 +91,17 @@ def bodies(x: np.ndarray, name: str = "x", model: str = "conv") -> dict[str, tup
     the stdlib, as a Python client writes it."""
     predict = json.dumps({name: x.tolist()}).encode()
     v2_json = json.dumps({"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
-                                      "data": x.ravel().tolist()}]}).encode()  # fmt: skip
+                                      "data": x.ravel().tolist()}]}).encode()
     head = json.dumps({"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
                                    "parameters": {"binary_data_size": x.nbytes}}],
-                       "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+                       "parameters": {"binary_data_output": True}}).encode()
     infer = f"/v2/models/{model}/infer"
     return {
         "/predict JSON": ("/predict", predict, {"Content-Type": "application/json"}),
         "v2 JSON": (infer, v2_json, {"Content-Type": "application/json"}),
         "v2 binary": (infer, head + x.tobytes(),
                       {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}),
-    }  # fmt: skip
+    }
 
 
 WRK_SCRIPT = """
@@ -141,11 +141,11 @@ def _wrk(port: int, path: str, body: bytes, headers: dict[str, str], concurrency
         (Path(tmp) / "body").write_bytes(body)
         (Path(tmp) / "bench.lua").write_text(WRK_SCRIPT)
         env = {**os.environ, "GPUX_BODY": str(Path(tmp) / "body"), "GPUX_CONTENT_TYPE": headers["Content-Type"],
-               "GPUX_HEADER_LENGTH": headers.get("Inference-Header-Content-Length", "")}  # fmt: skip
+               "GPUX_HEADER_LENGTH": headers.get("Inference-Header-Content-Length", "")}
         seconds = max(2, min(10, total // 400))  # wrk runs for a time, not a count
         proc = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "60s",
                                "-s", str(Path(tmp) / "bench.lua"), f"http://127.0.0.1:{port}{path}"],
-                              capture_output=True, text=True, env=env)  # fmt: skip
+                              capture_output=True, text=True, env=env)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("{")), None)
     if proc.returncode or line is None:
         sys.exit(f"wrk failed:\n{proc.stdout[-1000:]}\n{proc.stderr[-1000:]}")
@@ -159,7 +159,7 @@ def start(client, tag: str, **run_options) -> tuple[object, int]:
     """The image in a container published on 127.0.0.1 (run_options: the SDK's, e.g. mem_limit),
     once it is ready; (container, port)."""
     container = client.containers.run(tag, detach=True, ports={"8080/tcp": ("127.0.0.1", None)},
-                                      labels={"io.gpux.pack.role": "bench"}, **run_options)  # fmt: skip
+                                      labels={"io.gpux.pack.role": "bench"}, **run_options)
     container.reload()
     port = int(container.attrs["NetworkSettings"]["Ports"]["8080/tcp"][0]["HostPort"])
     deadline = time.monotonic() + 60
@@ -241,7 +241,7 @@ def main() -> None:
                         load(port, path, body, headers, 1, 50)  # warm the connection path
                         for c in (1, 8):
                             r = load(port, path, body, headers, c, args.requests if c == 1 else 4 * args.requests,
-                                     load_client)  # fmt: skip
+                                     load_client)
                             key = (image, name, c)
                             if key not in best or r["p50_ms"] < best[key]["p50_ms"]:
                                 best[key] = {**r, "rps": max(r["rps"], best.get(key, {}).get("rps", 0))}
@@ -251,7 +251,7 @@ def main() -> None:
         for tag in ("gpux-bench/serve:plain", "gpux-bench/serve:batched"):
             client.images.remove(tag, force=True)
     rows = [{"image": i, "endpoint": n, "concurrency": c, **{k: round(v, 3) for k, v in r.items()}}
-            for (i, n, c), r in best.items()]  # fmt: skip
+            for (i, n, c), r in best.items()]
     print(f"load generator: {load_client}; model: depth {args.depth}, head {args.head}")
     print(f"in-process session.run p50: {reference_ms:.3f} ms (the faster of 1 and {threads} intra-op threads); "
           f"stdlib json.loads of the /predict body: {loads_ms:.3f} ms")
@@ -271,11 +271,11 @@ def main() -> None:
         "batching_throughput_gain_c8_binary": round(gain, 3), "batching_throughput_gain_c8_json": round(gain_json, 3),
         "target_batching_gain": 1.5, "in_process_ms": round(reference_ms, 3),
         "in_process_batch8_per_row_ms": round(batch8_ms / 8, 3),
-    }  # fmt: skip
+    }
     print(json.dumps(targets, indent=2))
     out = ROOT / "bench" / f"results-serve-depth{args.depth}{f'-head{args.head}' if args.head else ''}.json"
     out.write_text(json.dumps({"depth": args.depth, "head": args.head, "client": load_client, "rows": rows,
-                               "targets": targets}, indent=2) + "\n")  # fmt: skip
+                               "targets": targets}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

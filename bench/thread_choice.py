@@ -36,7 +36,7 @@ def build(example: str, base: str) -> str:
         tag = f"gpux-bench/{example}:threads"
         proc = subprocess.run([sys.executable, "-m", "gpux_pack", "build", str(project), "--provider", "cpu",
                                "--base-image", base, "--tag", tag, "--json"],
-                              capture_output=True, text=True)  # fmt: skip
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"build failed:\n{proc.stderr[-2000:]}")
         return tag
@@ -47,7 +47,7 @@ def build(example: str, base: str) -> str:
 def one_start(client, tag: str, port: int, cpus: float | None) -> dict:
     extra = {"nano_cpus": int(cpus * 1e9)} if cpus else {}
     container = client.containers.run(tag, detach=True, ports={f"{port}/tcp": ("127.0.0.1", None)},
-                                      read_only=True, tmpfs={"/tmp": "rw"}, **extra)  # fmt: skip
+                                      read_only=True, tmpfs={"/tmp": "rw"}, **extra)
     try:
         container.reload()
         base = f"http://127.0.0.1:{container.ports[f'{port}/tcp'][0]['HostPort']}"

@@ -34,7 +34,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpux_pack.runtime.warm import cpu_vendor  # noqa: E402
+from gpux_pack.runtime.devices import cpu_vendor  # noqa: E402
 from tests.conftest import INTEL_CPU_MODEL, intel_cpu, on_intel_cpu  # noqa: E402
 
 
@@ -107,7 +107,7 @@ def _body(url: str, labels: dict) -> dict:
             except (requests.ConnectionError, ValueError, KeyError):
                 time.sleep(0.02)
         _BODIES[name] = {t["name"]: np.ones([d if isinstance(d, int) else 1 for d in t["shape"]]).tolist()
-                         for t in inputs}  # fmt: skip
+                         for t in inputs}
     return _BODIES[name]
 
 
@@ -143,7 +143,7 @@ def main() -> None:
         rows.append({"case": case, "model": args.model, "rounds": args.rounds,
                      "first_response_s": round(statistics.median(s["first_response_s"] for s in samples), 3),
                      "load_s": round(statistics.median(s["load_s"] for s in samples), 4),
-                     "cache": sorted({s["cache"] for s in samples})})  # fmt: skip
+                     "cache": sorted({s["cache"] for s in samples})})
     cold = rows[0]["first_response_s"]
     vendor, model = cpu_vendor()
     where = "native" if intel_cpu() else f"emulated: qemu-x86_64 -cpu {INTEL_CPU_MODEL} on this {vendor} CPU"

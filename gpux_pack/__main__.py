@@ -1,5 +1,5 @@
 """`gpux-pack` and `python -m gpux_pack`: `--version` answers, and a model-only rebuild runs
-(commands/rebuild.py), before the CLI's libraries load."""
+(pipeline/rebuild.py), before the CLI's libraries load."""
 
 import os
 import sys
@@ -15,7 +15,7 @@ def run() -> None:
         print(f"gpux-pack {__version__}")
         return
     if sys.argv[1:2] == ["build"]:  # only the model's weights changed since the same build: replay it
-        from gpux_pack.commands import rebuild
+        from gpux_pack.pipeline import rebuild
 
         if rebuild.replay(sys.argv[1:], quiet=bool({"-q", "--quiet"} & set(sys.argv))):
             return

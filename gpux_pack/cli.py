@@ -10,8 +10,6 @@ import shlex
 import signal
 import sys
 import threading
-import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,8 +22,7 @@ except ImportError:  # pragma: no cover - older typer on real click
 
 from gpux_pack import __version__, engine, providers
 from gpux_pack.errors import BuildError, PackError, UsageError
-from gpux_pack.reference import parse_reference
-from gpux_pack.ui import Reporter, built_line
+from gpux_pack.ui import Reporter, printable
 
 app = typer.Typer(
     name="gpux-pack",
@@ -54,6 +51,8 @@ def _pull(policy: str) -> str:
     return policy
 
 
+JsonOpt = typer.Option(False, "--json", help="One JSON document on stdout; logs on stderr.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only the result and errors.")
 StrictOpt = typer.Option(False, "--strict", help="Refuse gpux.yml keys and values gpux-pack cannot act on "
                          "(otherwise a warning each).")
 
@@ -72,20 +71,9 @@ def _root(
 
 
 def _options(tag, base_image, platform, warmup):
-    from gpux_pack.plan import Options  # the commands that plan pay for pydantic, not --help or run
-    from gpux_pack.wheels import ARCHES
+    from gpux_pack.plan import options  # the commands that plan pay for pydantic, not --help or run
 
-    if warmup is not None and warmup not in ("auto", "always", "never"):
-        raise typer.BadParameter(f"'{warmup}' is not auto, always or never", param_hint="--warmup")
-    if base_image is not None and base_image not in ("default", "vendor"):
-        try:
-            parse_reference(base_image)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--base-image") from None
-    if platform is not None:
-        if platform not in ARCHES:
-            raise typer.BadParameter(f"'{platform}' is not one of {', '.join(ARCHES)}", param_hint="--platform")
-    return Options(tag=tag, base_image=base_image, platform=platform, warmup=warmup)
+    return options(tag, base_image, platform, warmup)
 
 
 @app.command("build")
@@ -101,8 +89,8 @@ def build_cmd(
     ),
     warmup: Optional[str] = WarmupOpt,
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use Docker's layer cache."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the result and errors."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
+    quiet: bool = QuietOpt,
+    json_out: bool = JsonOpt,
     refresh: bool = RefreshOpt,
     push_: bool = typer.Option(False, "--push", help="Push every image built; their digests go in the summary."),
     contained: bool = ContainedOpt,
@@ -111,138 +99,36 @@ def build_cmd(
     """Build the model's image(s) through the Docker engine."""
     from gpux_pack.commands import build
 
-    started = time.perf_counter()
     ui = Reporter(quiet=quiet)  # logs go to stderr in every mode; --json owns stdout
-    platforms, bases = _platforms(platform, base_image, push_)
+    platforms, bases = build.platforms(platform, base_image, push_)
     options = _options(tag, bases.get(None), platforms[0], warmup)
     for name in platforms[1:] if platforms[0] else ():
         _options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
-    loaded, decision, client = build.start(path, provider, tag, engine.connect, ui, contained, strict)
-    if tag and len(decision.providers) > 1 and "{provider}" not in tag:
-        raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
-    if (warmup or loaded.project.config.pack.warmup) != "never":  # a baked warmup wants the host's device
-        options = replace(options, host=engine.host_info(client))
-    per_platform = [replace(options, platform=p, base_image=bases.get(p, bases.get(None)), multi_platform=True)
-                    for p in platforms] if len(platforms) > 1 else [options]  # fmt: skip
-    results, failures, indexes = build.build_each(loaded, decision, per_platform, client, ui, _failed, no_cache,
-                                                  refresh, push_)  # fmt: skip
-    _summary(results, failures, json_out, time.perf_counter() - started, indexes)
-    if failures:
-        raise typer.Exit(max(e.exit_code for _, e in failures))
-    if len(results) == 1 and sys.argv[1:2] == ["build"]:
-        _record_rebuild(loaded.project.root, results[0], client)
+    outcome = build.build(path, provider, tag, options, platforms, bases, ui, _failed, no_cache=no_cache,
+                          refresh=refresh, push=push_, contained=contained, strict=strict)
+    doc = build.summary(outcome)
+    if json_out:
+        print(json.dumps(doc.model_dump(mode="json"), indent=2))
+    else:
+        before, table, after = build.summary_report(doc)
+        _print(before, table, after)
+    if outcome.failures:
+        raise typer.Exit(max(e.exit_code for _, e in outcome.failures))
+    if sys.argv[1:2] == ["build"]:  # the command line as typed: the replay's key
+        build.record(sys.argv[1:], outcome)
 
 
-def _record_rebuild(root: Path, made: Any, client: Any) -> None:
-    """What the next identical `build` needs to replay this one when only the weights change."""
-    from gpux_pack.commands import rebuild
-    from gpux_pack.wheels import lock_path
-
-    plan, built = made.plan, made.built
-    if built.loaded is None or plan.warmup == "baked":
-        return
-    try:
-        images = {ref: client.images.get(ref).id for ref in (plan.base.image, plan.runtime_base.tag)}
-    except Exception:  # a base that is not an image here: nothing to replay from
-        return
-    rebuild.record(sys.argv[1:], root, plan.model.path, plan.model.sha256, plan.model.size_bytes, plan.provider.name,
-                   images, lock_path(plan.requirements, plan.target), built.loaded, plan.project.variables, _row(made))
-
-
-def _platforms(platform: str | None, bases: list[str] | None, push_: bool) -> tuple[list, dict]:
-    """--platform a,b and --base-image [PLATFORM=]IMAGE...: the platforms (or [None]) and each
-    one's base (None: every platform's; the last given for a platform wins)."""
-    from gpux_pack.wheels import ARCHES
-
-    platforms = [p.strip() for p in platform.split(",")] if platform else [None]
-    if len(platforms) > 1:
-        if len(set(platforms)) != len(platforms) or len({ARCHES.get(p) for p in platforms}) != len(platforms):
-            raise typer.BadParameter(f"'{platform}' names a platform twice", param_hint="--platform")
-        if not push_:
-            raise typer.BadParameter("several platforms need --push: their index lives in a registry, not in the "
-                                     "engine", param_hint="--platform")  # fmt: skip
-    chosen: dict[str | None, str] = {}
-    for item in bases or []:
-        where, _, image = item.rpartition("=")  # a reference never holds '='
-        key = where or None
-        if key is not None and key not in platforms:
-            building = platform or "none given"
-            raise typer.BadParameter(f"'{item}': {where} is not a platform being built ({building})",
-                                     param_hint="--base-image")  # fmt: skip
-        chosen[key] = image  # a later one for the same platform wins, as with any option given twice
-    return platforms, chosen
+def _print(before: list[str], table: Any = None, after: list[str] = ()) -> None:
+    for line in before:
+        print(line)
+    if table is not None:
+        _console().print(table)
+    for line in after:
+        print(line)
 
 
 def _failed(name: str, e: PackError) -> None:
     _print_error(e, prefix=f"{name}: ")
-
-
-def _row(made: Any) -> dict[str, Any]:
-    """One image's row of the build summary."""
-    plan, prepared, built, pushed = made.plan, made.prepared, made.built, made.pushed
-    return {
-        "tag": built.tag,
-        "id": built.id,
-        "size_bytes": built.size_bytes,
-        "provider": plan.provider.name,
-        "reason": plan.reason,
-        "base_image": plan.base.image,
-        "runtime_base": plan.runtime_base.tag,
-        "runtime_base_built": prepared.runtime_base_context is not None,
-        "context_bytes": prepared.context.size_bytes,
-        "platform": plan.platform,
-        "python": plan.base.python,
-        "onnxruntime": plan.lock.version_of(plan.provider.ort),
-        "warmup": plan.warmup,
-        "seconds": round(built.seconds, 2),
-        "steps": built.steps,
-        "cached_steps": built.cached_steps,
-        "assembled": built.assembled,
-        "digest": pushed.digest if pushed else None,
-        "notes": list(plan.notes),
-    }
-
-
-def _summary(results: list[Any], failures: list[Any], json_out: bool, seconds: float, indexes: list[Any]) -> None:
-    rows = [_row(made) for made in results]
-    failed = [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in failures]
-    index_rows = [{"provider": name, "tag": i.tag, "digest": i.digest,
-                   "manifests": [{"platform": p, "digest": d} for p, d in i.members]} for name, i in indexes]  # fmt: skip
-    if json_out:
-        from gpux_pack.commands.summary import BuildSummary
-
-        doc = BuildSummary.model_validate({"images": rows, "indexes": index_rows, "failed": failed,
-                                           "seconds": round(seconds, 2)})  # fmt: skip
-        print(json.dumps(doc.model_dump(mode="json"), indent=2))
-        return
-    _summary_text(rows, failed, seconds)
-    for i in index_rows:
-        print(f"pushed index {i['digest']}  ({', '.join(m['platform'] for m in i['manifests'])})")
-
-
-def _summary_text(rows: list[dict[str, Any]], failed: list[dict[str, Any]], seconds: float) -> None:
-    if len(rows) + len(failed) == 1 and rows:
-        r = rows[0]
-        how = "assembled, nothing ran" if r["assembled"] else f"{r['cached_steps']}/{r['steps']} steps cached"
-        print(built_line(r["tag"], r["id"], r["size_bytes"], r["provider"], r["seconds"], how))
-        if r["digest"]:
-            print(f"pushed {r['digest']}")
-        return
-    from rich.table import Table
-
-    table = Table(title=f"{len(rows)} built, {len(failed)} failed, {seconds:.1f}s")
-    for col in ("provider", "platform", "tag", "image", "size", "onnxruntime", "seconds", "result"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*(escape(c) for c in (r["provider"], r["platform"] or "", r["tag"], r["id"][7:19],
-                                             f"{r['size_bytes'] / 1e6:.0f} MB", r["onnxruntime"] or "",
-                                             f"{r['seconds']:.1f}", "ok")))  # fmt: skip
-    for f in failed:
-        table.add_row(escape(f["provider"]), "", "", "", "", "", "", escape(f"failed: {f['error'][:100]}"))
-    _console().print(table)
-    for r in rows:
-        if r["digest"]:
-            print(f"pushed {r['digest']}")
 
 
 @app.command("plan")
@@ -254,63 +140,17 @@ def plan_cmd(
     platform: Optional[str] = PlatformOpt,
     warmup: Optional[str] = WarmupOpt,
     offline: bool = typer.Option(False, "--offline", help="Use only cached locks; never the network."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: bool = JsonOpt,
     contained: bool = ContainedOpt,
     strict: bool = StrictOpt,
 ) -> None:
     """Every decision a build would make (provider and why, base image and its facts, Python,
     the lock with download sizes, tag, warmup, runtime base reuse), downloading no wheel and
     building nothing."""
-    from gpux_pack import wheels
-    from gpux_pack.commands import build
+    from gpux_pack.commands import plan
 
-    options = _options(tag, base_image, platform, warmup)
-    ui = Reporter(quiet=True)
-    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui, contained, strict, warn=False)
-    host = engine.host_info(client) if client is not None else None
-    out = []
-    for name in decision.providers:
-        plan = build.locked(build.plan_for(loaded, name, decision.reason, options, client, ui, pull=False), ui,
-                            client=client, offline=offline)  # fmt: skip
-        lock = plan.lock
-        known = wheels.sizes(lock, offline=offline)
-        pins = [{"name": p.name, "version": p.version, "size_bytes": known[p.name][0], "cached": known[p.name][1]}
-                for p in lock.pins]  # fmt: skip
-        note = host.plugin_refusal(plan.provider, loaded.project.config.pack.openvino.device) if host else ""
-        out.append({
-            "provider": plan.provider.name, "reason": plan.reason, "tag": plan.tag,
-            "base_image": {"image": plan.base.image, "python": plan.base.python, "platform": plan.platform,
-                           "arch": plan.base.arch, "glibc": ".".join(map(str, plan.base.glibc)),
-                           "inspected": plan.base.probed, "interpreter": plan.runtime_base.config.python},
-            "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
-            "runtime_base": {"tag": plan.runtime_base.tag, "present": plan.runtime_base_present},
-            "onnxruntime": lock.version_of(plan.provider.ort),
-            "lock": pins,
-            "download_bytes": sum(p["size_bytes"] or 0 for p in pins if not p["cached"]),
-            "download_unknown": [p["name"] for p in pins if not p["cached"] and p["size_bytes"] is None],
-            "cached_bytes": sum(p["size_bytes"] or 0 for p in pins if p["cached"]),
-            "notes": [*plan.notes, *([f"{note}; an image started on this host serves on the CPU provider"] if note else [])],
-        })  # fmt: skip
-    if json_out:
-        print(json.dumps({"plans": out}, indent=2))
-        return
-    for r in out:
-        base = r["base_image"]
-        facts = f"Python {base['python']}, glibc {base['glibc']}, {base['arch']}"
-        print(f"{_printable(r['provider'])}: {_printable(r['reason'])}")
-        print(f"  tag           {_printable(r['tag'])}")
-        print(f"  base image    {_printable(base['image'])} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
-        print(f"  warmup        {r['warmup']}   link check: {r['link_check']}")
-        for note in r["notes"]:
-            print(f"  note          {_printable(note)}")
-        state = "present: only the model is built" if r["runtime_base"]["present"] else "built on the first build"
-        print(f"  runtime base  {_printable(r['runtime_base']['tag'])} ({state})")
-        unknown = f", {len(r['download_unknown'])} of unknown size" if r["download_unknown"] else ""
-        print(f"  lock          {len(r['lock'])} packages, {r['download_bytes'] / 1e6:.1f} MB to download{unknown}, "
-              f"{r['cached_bytes'] / 1e6:.1f} MB cached")  # fmt: skip
-        for p in r["lock"]:
-            size = "?" if p["size_bytes"] is None else f"{p['size_bytes'] / 1e6:.1f} MB"
-            print(f"    {p['name'] + '==' + p['version']:<42} {size:>10}  {'cached' if p['cached'] else 'to download'}")
+    rows = plan.plans(path, provider, tag, _options(tag, base_image, platform, warmup), offline, contained, strict)
+    print(json.dumps({"plans": rows}, indent=2) if json_out else "\n".join(printable(line) for line in plan.lines(rows)))
 
 
 @app.command("bench")
@@ -321,48 +161,31 @@ def bench_cmd(
     base_image: Optional[str] = BaseOpt,
     runs: int = typer.Option(200, "--runs", min=10, max=100000, help="Timed runs, in the container and over HTTP."),
     concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, max=256, help="Concurrent HTTP clients."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: bool = JsonOpt,
 ) -> None:
     """Start each provider's image, warm it, and compare: session.run inside the container, and
     end-to-end KServe v2 latency (p50/p99) and throughput from this host."""
-    from gpux_pack.commands import bench, build
+    from gpux_pack.commands import bench
 
+    if provider and not Path(target).exists():
+        raise typer.BadParameter("--provider picks what to build from a project folder", param_hint="--provider")
+    options = _options(tag, base_image, None, None) if Path(target).exists() else None
     ui = Reporter(quiet=json_out)
-    client = engine.connect()
-    if Path(target).exists():
-        options = _options(tag, base_image, None, None)
-        loaded, decision, _ = build.start(Path(target), provider, tag, lambda: client, ui)
-        if tag and len(decision.providers) > 1 and "{provider}" not in tag:
-            raise typer.BadParameter("several providers need {provider} in the tag", param_hint="--tag")
-        made, failures, _ = build.build_each(loaded, decision, [options], client, ui, _failed)
-        if failures:
-            raise typer.Exit(max(e.exit_code for _, e in failures))
-        images = [m.built.tag for m in made]
-    else:
-        if provider:
-            raise typer.BadParameter("--provider picks what to build from a project folder", param_hint="--provider")
-        images = [target]
-    results = [bench.bench(client, image, ui, runs, concurrency).row() for image in images]
+    results, failures = bench.bench_target(engine.connect(), target, provider, tag, options, runs, concurrency, ui,
+                                           _failed)
+    if failures:
+        raise typer.Exit(max(e.exit_code for _, e in failures))
     if json_out:
         print(json.dumps({"results": results}, indent=2))
-        return
-    from rich.table import Table
-
-    table = Table(title=f"{runs} runs, concurrency {concurrency}")
-    for col in ("provider", "active", "model p50", "model p99", "HTTP p50", "HTTP p99", "req/s", "image"):
-        table.add_column(col)
-    for r in results:
-        table.add_row(*(escape(str(c)) for c in (
-            r["provider"], r["active"][0], f"{r['model_p50_ms']:.3f} ms", f"{r['model_p99_ms']:.3f} ms",
-            f"{r['http_p50_ms']:.3f} ms", f"{r['http_p99_ms']:.3f} ms", f"{r['throughput_rps']:.0f}", r["image"])))
-    _console().print(table)
+    else:
+        _print([], bench.table(results, runs, concurrency))
 
 
 @app.command("push")
 def push_cmd(
     images: list[str] = typer.Argument(..., help="Images to push (name:tag, as built)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
-    json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
+    quiet: bool = QuietOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
     """Push images with the credentials of your Docker config (docker login, credential helpers);
     print each pushed digest (name@sha256:...)."""
@@ -373,7 +196,7 @@ def push_cmd(
     done = [push(client, ref, ui) for ref in images]
     if json_out:
         print(json.dumps({"images": [{"tag": p.tag, "digest": p.digest, "size_bytes": p.size,
-                                      "seconds": round(p.seconds, 2)} for p in done]}, indent=2))  # fmt: skip
+                                      "seconds": round(p.seconds, 2)} for p in done]}, indent=2))
         return
     for p in done:
         print(f"pushed {p.digest}")
@@ -405,11 +228,7 @@ def deploy_cmd(
     scaling = deploy.scaling(replicas, max_replicas, cpu, memory, cache_claim, cache_size)
     files = deploy.manifests(deploy.subject(engine.try_connect(), image), target, scaling)
     written = deploy.write(files, output)
-    if written:
-        for path in written:
-            print(path)
-        return
-    print("---\n".join(files.values()), end="")
+    print("\n".join(map(str, written)) if written else "---\n".join(files.values()), end="\n" if written else "")
 
 
 @app.command("run")
@@ -425,27 +244,15 @@ def run_cmd(
     """Start an image with its provider's device flags, a read-only root, a tmpfs /tmp and a
     cache volume; wait until it is ready and print its URL (Ctrl-C stops it: drained, removed).
     An image only in its registry is pulled first, as docker run does (--pull)."""
-    from gpux_pack.commands.run import start
+    from gpux_pack.commands import run
 
     ui = Reporter(quiet=detach)
-    client = engine.connect()
-    engine.ensure_image(client, image, _pull(pull), ui.info)
-    started = start(client, image, ui, port=port, bind=bind, cpu_fallback=cpu_fallback, timeout=timeout)
-    note = " (on CPU: --cpu-fallback)" if started.on_cpu else ""
-    print(f"{started.url}  {started.provider}{note}  cache volume {started.volume}", flush=True)
+    started = run.run(engine.connect(), image, ui, _pull(pull), port, bind, cpu_fallback, timeout)
+    print(run.started_line(started), flush=True)
     if detach:
         print(started.container.id)
         return
-    try:
-        for chunk in started.container.logs(stream=True, follow=True, since=int(time.time())):
-            sys.stderr.write(chunk.decode(errors="replace"))
-    except KeyboardInterrupt:
-        print("stopping (in-flight requests drain)", file=sys.stderr)
-    finally:
-        try:
-            started.container.stop(timeout=15)
-        finally:
-            engine.remove_container(started.container)
+    run.follow(started)
 
 
 @app.command("warmup")
@@ -461,41 +268,16 @@ def warmup_cmd(
                                           "GPUX_CACHE_DIR) instead of making an image."),
     timeout: int = typer.Option(3600, "--timeout", min=1, max=86400, help="Seconds the warmup may take."),
     pull: str = PullOpt,
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
-    json_out: bool = typer.Option(False, "--json", help="One JSON summary on stdout; logs on stderr."),
+    quiet: bool = QuietOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
     """Compile the image's provider caches on this machine (its accelerator) and bake them into
     a derived image (+1 layer, same config, io.gpux.warmup=baked) or export them for a volume."""
-    from gpux_pack.commands.warmup import warm_image
-    from gpux_pack.engine import image_labels
+    from gpux_pack.commands import warmup
 
-    if tag is not None:
-        try:
-            parse_reference(tag.replace("{short}", "x"))
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--tag") from None
-    if tag is not None and export is not None:
-        raise typer.BadParameter("--tag makes an image, --export a folder: choose one", param_hint="--export")
-    ui = Reporter(quiet=quiet or json_out)
-    client = engine.connect()
-    engine.ensure_image(client, image, _pull(pull), ui.info)
-    row = providers.PROVIDERS.get(image_labels.read(client, image).provider)
-    devices = providers.devices_for(row, gpus, tuple(device))
-    warmed = warm_image(client, image, ui, tag=tag, devices=devices, export=export, timeout=timeout)
-    state = warmed.state
-    summary = {
-        "image": image, "tag": warmed.tag, "id": warmed.id, "exported": str(warmed.exported) if warmed.exported else None,
-        "key": warmed.key, "short": warmed.short, "cache": state.get("cache"), "assembled": warmed.assembled,
-        "device": (warmed.record.get("parts") or {}).get("device"), "warmup_seconds": state.get("seconds"),
-        "partition": state.get("partition"), "accuracy": state.get("accuracy"), "seconds": round(warmed.seconds, 2),
-    }  # fmt: skip
-    if json_out:
-        print(json.dumps(summary, indent=2))
-    elif warmed.exported:
-        print(f"exported {warmed.exported}  key {warmed.key}  ({summary['device']})")
-    else:
-        print(f"warmed {warmed.tag}  {(warmed.id or '')[7:19]}  key {warmed.key}  "
-              f"({summary['device'] or 'already warm'})")  # fmt: skip
+    summary = warmup.warmup(engine.connect(), image, _pull(pull), tag, gpus, tuple(device), export, timeout,
+                            Reporter(quiet=quiet or json_out))
+    print(json.dumps(summary, indent=2) if json_out else warmup.line(summary))
 
 
 @app.command("serve")
@@ -509,16 +291,8 @@ def serve_cmd(
 ) -> None:
     """Serve the model on this machine, without Docker: the image's runtime and endpoints, this
     machine's onnxruntime; reloads when gpux.yml or the model changes (Ctrl-C stops)."""
-    import ipaddress
-
     from gpux_pack.commands.serve import serve
 
-    try:
-        if host is not None:
-            ipaddress.ip_address(host)
-    except ValueError:
-        raise typer.BadParameter(f"{host!r}: expected an IP address such as 127.0.0.1 or 0.0.0.0",
-                                 param_hint="--host") from None  # fmt: skip
     code = serve(path, provider, host, port, Reporter())
     if code:
         raise typer.Exit(code)
@@ -542,7 +316,7 @@ def predict_cmd(
                                    "(GPUX's run --benchmark): mean, std, min, max, median, p95, p99, throughput."),
     runs: int = typer.Option(100, "--runs", min=1, max=100000, help="With --benchmark: timed runs."),
     warmup: int = typer.Option(10, "--warmup", min=0, max=10000, help="With --benchmark: untimed runs first."),
-    json_out: bool = typer.Option(False, "--json", help="With --benchmark: one JSON document on stdout."),
+    json_out: bool = JsonOpt,
     pull: str = PullOpt,
 ) -> None:
     """One inference: in this process for a project, over KServe v2 for an image (a running
@@ -552,44 +326,16 @@ def predict_cmd(
         from gpux_pack.runtime.tensors import dumps, to_json
     except ImportError as e:
         raise UsageError(f"predict needs the image runtime's libraries here ({e.name} is missing): pip install "
-                         "'gpux-pack[serve]'") from None  # fmt: skip
+                         "'gpux-pack[serve]'") from None
 
     given = predict.read_inputs([*inputs, *(f"@{f}" for f in files)])
-    ui = Reporter()
     if benchmark:
-        if not Path(target).exists():
-            raise UsageError(f"{target}: --benchmark times a project's model in this process; for an image, "
-                             "gpux-pack bench IMAGE")  # fmt: skip
-        _benchmark(predict.benchmark(Path(target), provider, given, runs, warmup, ui), json_out)
+        result = predict.benchmark(target, provider, given, runs, warmup, Reporter())
+        print(json.dumps(result, indent=2) if json_out else "\n".join(map(printable, predict.benchmark_lines(result))))
         return
-    if not given:
-        raise typer.BadParameter("give the model's inputs (NAME=FILE, FILE.json or inline JSON)", param_hint="--input")
-    if Path(target).exists():
-        outputs = predict.in_process(Path(target), provider, given, ui)
-    elif target.startswith(("/", "./", "../", "~")) or target.endswith((".yml", ".yaml")):
-        raise UsageError(f"{target}: no such file or folder")
-    else:
-        if provider:
-            raise typer.BadParameter("an image serves with its own provider", param_hint="--provider")
-        outputs = predict.from_image(target, given, ui, timeout, cpu_fallback, _pull(pull))
+    outputs = predict.predict(target, provider, given, Reporter(), timeout, cpu_fallback, _pull(pull))
     written = predict.save(outputs, output)
-    if written:
-        for path in written:
-            print(path)
-        return
-    sys.stdout.write(dumps(to_json(outputs)).decode() + "\n")
-
-
-def _benchmark(result: dict[str, Any], json_out: bool) -> None:
-    if json_out:
-        print(json.dumps(result, indent=2))
-        return
-    print(_printable(f"{result['runs']} runs after {result['warmup']} warmup runs on {result['provider']} "
-                     f"({result['reason']})"))  # fmt: skip
-    for key, value in result.items():
-        if key.endswith("_time_ms"):
-            print(f"  {key[:-8]:<10} {value:>12.4f} ms")
-    print(f"  {'throughput':<10} {result['throughput_fps']:>12.2f} runs/s")
+    print("\n".join(map(str, written)) if written else dumps(to_json(outputs)).decode())
 
 
 @app.command("init")
@@ -607,7 +353,7 @@ def init_cmd(
 
 
 cache_app = typer.Typer(help="The wheel, lock, install and base-image caches (~/.cache/gpux-pack).",
-                        no_args_is_help=True)  # fmt: skip
+                        no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 
 
@@ -619,17 +365,14 @@ def cache_ls(json_out: bool = typer.Option(False, "--json", help="Machine-readab
     rows = [e.summary() for e in cache.kinds()]
     if json_out:
         print(json.dumps({"root": str(cache.root()), "caches": rows}, indent=2))
-        return
-    print(f"{cache.root()}")
-    for r in rows:
-        left = f"  (+{r['leftovers']} left by killed builds, {r['leftover_bytes'] / 1e6:.1f} MB)" if r["leftovers"] else ""
-        print(f"  {r['name']:<8} {r['entries']:>6} entries  {r['bytes'] / 1e6:>10.1f} MB  {r['what']}{left}")
+    else:
+        print("\n".join(cache.lines(rows)))
 
 
 @cache_app.command("prune")
 def cache_prune(
     older_than: str = typer.Option("30d", "--older-than", help="Remove entries unused for this long: 30d, 12h, 0s (all)."),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    json_out: bool = JsonOpt,
 ) -> None:
     """Remove cache entries not used for --older-than (by their last modification), and whatever
     killed builds left, at any age."""
@@ -653,63 +396,30 @@ def render_cmd(
     base_image: Optional[str] = BaseOpt,
     platform: Optional[str] = PlatformOpt,
     warmup: Optional[str] = WarmupOpt,
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    quiet: bool = QuietOpt,
     refresh: bool = RefreshOpt,
     contained: bool = ContainedOpt,
     strict: bool = StrictOpt,
 ) -> None:
     """Write the Dockerfile and the whole build context; `docker build DIR` gives the same image."""
-    from gpux_pack.commands import build
-    from gpux_pack.image.context import write
+    from gpux_pack.commands import render
 
-    ui = Reporter(quiet=quiet)
     options = _options(tag, base_image, platform, warmup)
     if options.warmup == "always":
         raise typer.BadParameter("a baked warmup needs `gpux-pack build`", param_hint="--warmup")
-    loaded, decision, client = build.start(path, provider, tag, engine.try_connect, ui, contained, strict)
-    if len(decision.providers) > 1:
-        raise typer.BadParameter("render writes one context: give one provider", param_hint="--provider")
-    prepared = build.prepare(loaded, decision.providers[0], decision.reason, options, client, ui, pull=False,
-                             refresh=refresh, self_contained=True)
-    write(prepared.context, output)
-    print(f"wrote {output}/Dockerfile and its context ({prepared.context.size_bytes / 1e6:.0f} MB); "
-          f"build it with: docker build -t {prepared.plan.tag} {output}")
+    print(render.render(path, output, provider, tag, options, Reporter(quiet=quiet), refresh, contained, strict))
 
 
 @app.command("providers")
 def providers_cmd(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """The execution providers, their packages and base images, and what this Docker host can run."""
-    client = engine.try_connect()
-    host = engine.host_info(client) if client is not None else None
-    rows = []
-    for p in providers.PROVIDERS.values():
-        ok, why = (None, "Docker engine not reachable") if host is None else host.can_run(p)
-        rows.append({
-            "name": p.name, "title": p.title, "base_image": p.base_image,
-            "package": p.pip_requirement + (f" + {p.extra_requirements[0]}" if p.plugin else ""),  # the plugin EP's
-            "vendor_base_image": p.bases["vendor"].image if "vendor" in p.bases else None,
-            "python": p.bases["default"].python, "execution_providers": list(p.execution_providers),
-            "platforms": list(p.platforms), "docker_run": p.run_flags, "cuda12": _cuda12(p.name),
-            "host_can_run": ok, "why": why,
-        })  # fmt: skip
+    from gpux_pack.commands.providers import rows, table
+
+    host, found = rows()
     if json_out:
-        print(json.dumps({"host": host.details if host else None, "providers": rows}, indent=2))
-        return
-    from rich.table import Table
-
-    table = Table(title=f"Docker host: {host.details if host else 'not reachable'}")
-    for col in ("provider", "ONNX Runtime package", "default base image", "runs here", "why"):
-        table.add_column(col)
-    for r in rows:
-        runs = "?" if r["host_can_run"] is None else ("yes" if r["host_can_run"] else "no")
-        table.add_row(*(escape(str(c)) for c in (r["name"], r["package"], r["base_image"], runs, r["why"])))
-    _console().print(table)
-
-
-def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
+        print(json.dumps({"host": host.details if host else None, "providers": found}, indent=2))
+    else:
+        _print([], table(host, found))
 
 
 def _console():
@@ -718,10 +428,6 @@ def _console():
 
     console = Console(soft_wrap=True)
     return console if console.is_terminal else Console(width=160)
-
-
-def _cuda12(name: str) -> str | None:
-    return providers.get(name, cuda="12").pip_requirement if name in providers.CUDA12 else None
 
 
 base_app = typer.Typer(help="Runtime base images: a provider's wheels and runtime, without a model.",
@@ -733,21 +439,6 @@ NvidiaLibsOpt = typer.Option(None, "--nvidia-libs", help="wheels | base: where C
 LinkCheckOpt = typer.Option(True, "--link-check/--no-link-check", help="Check the provider's libraries at build time.")
 
 
-def _prepare_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check, client, ui, refresh):
-    from gpux_pack.commands.build import prepare_runtime_base
-
-    names = providers.parse_provider_list(provider)
-    if len(names) != 1 or names[0] == "auto":
-        raise typer.BadParameter("a runtime base image is for one provider: name one (not auto)", param_hint="--provider")
-    name = names[0]
-    if cuda not in ("12", "13"):
-        raise typer.BadParameter(f"'{cuda}' is not 13 or 12", param_hint="--cuda")
-    if nvidia_libs not in (None, "wheels", "base"):
-        raise typer.BadParameter(f"'{nvidia_libs}' is not wheels or base", param_hint="--nvidia-libs")
-    return prepare_runtime_base(name, cuda, base_image, platform, nvidia_libs, link_check, client, ui,
-                                pull=client is not None, refresh=refresh)
-
-
 @base_app.command("build")
 def base_build(
     provider: str = BaseProviderOpt,
@@ -757,24 +448,17 @@ def base_build(
     nvidia_libs: Optional[str] = NvidiaLibsOpt,
     link_check: bool = LinkCheckOpt,
     no_cache: bool = typer.Option(False, "--no-cache"),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
-    json_out: bool = typer.Option(False, "--json"),
+    quiet: bool = QuietOpt,
+    json_out: bool = JsonOpt,
     refresh: bool = RefreshOpt,
 ) -> None:
     """Build a provider's runtime base image; `build` then adds only the model on top of it."""
-    from gpux_pack.commands.build import make_runtime_base
+    from gpux_pack.commands import base
 
-    ui = Reporter(quiet=quiet)
     _options(None, base_image, platform, None)
-    client = engine.connect()
-    runtime_base, context = _prepare_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
-                                                  client, ui, refresh)  # fmt: skip
-    built = make_runtime_base(client, runtime_base, context, ui, no_cache=no_cache)
-    if json_out:
-        print(json.dumps({"tag": built.tag, "id": built.id, "size_bytes": built.size_bytes,
-                          "provider": runtime_base.provider.name, "seconds": round(built.seconds, 2)}, indent=2))
-    else:
-        print(f"built {built.tag}  {built.id[7:19]}  {built.size_bytes / 1e6:.0f} MB  {built.seconds:.1f}s")
+    built = base.build(provider, cuda, base_image, platform, nvidia_libs, link_check, Reporter(quiet=quiet), refresh,
+                       no_cache)
+    print(json.dumps(built, indent=2) if json_out else base.line(built))
 
 
 @base_app.command("render")
@@ -786,47 +470,29 @@ def base_render(
     cuda: str = CudaOpt,
     nvidia_libs: Optional[str] = NvidiaLibsOpt,
     link_check: bool = LinkCheckOpt,
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    quiet: bool = QuietOpt,
     refresh: bool = RefreshOpt,
 ) -> None:
     """Write a runtime base image's Dockerfile and context."""
-    from gpux_pack.image.context import write
+    from gpux_pack.commands import base
 
-    ui = Reporter(quiet=quiet)
     _options(None, base_image, platform, None)
-    runtime_base, context = _prepare_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
-                                                  engine.try_connect(), ui, refresh)  # fmt: skip
-    write(context, output)
-    print(f"wrote {output}/Dockerfile; build it with: docker build -t {runtime_base.tag} {output}")
+    print(base.render(provider, cuda, base_image, platform, nvidia_libs, link_check, Reporter(quiet=quiet), refresh,
+                      output))
 
 
 @app.command("inspect")
 def inspect_cmd(
     image: str = typer.Argument(..., help="Image reference or id (one only in its registry is read from there); "
                                 "or a project folder, gpux.yml or .onnx file."),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    json_out: bool = JsonOpt,
 ) -> None:
     """The gpux labels of a built image (on this engine, else in the registry its name gives); for
     a project or a model file, its inputs, outputs, opsets and size, without Docker."""
-    from gpux_pack.registry import remote
+    from gpux_pack.commands import inspect
 
-    if Path(image).exists():
-        from gpux_pack.commands import inspect
-
-        info = inspect.of_path(Path(image))
-        print(json.dumps(info, indent=2) if json_out else "\n".join(_printable(line) for line in inspect.lines(info)))
-        return
-
-    found = remote.read(engine.try_connect(), image, built_by_us=False)
-    info = {"image": image, "id": found.id, "size_bytes": found.size_bytes, "labels": found.shown,
-            "registry_digest": found.pinned}  # fmt: skip
-    if json_out:
-        print(json.dumps(info, indent=2))
-        return
-    where = f" (in its registry, compressed: {found.pinned})" if found.pinned else ""
-    print(f"{info['image']}  {info['id']}  {(info['size_bytes'] or 0) / 1e6:.0f} MB{where}")
-    for key, value in info["labels"].items():
-        print(f"  {key}: {value}")
+    info = inspect.of_path(Path(image)) if Path(image).exists() else inspect.of_image(engine.try_connect(), image)
+    print(json.dumps(info, indent=2) if json_out else "\n".join(printable(line) for line in inspect.lines(info)))
 
 
 @app.command("schema")
@@ -835,9 +501,9 @@ def schema_cmd(
 ) -> None:
     """Print the JSON Schema of gpux.yml (for editors and linters) or of build --json."""
     if of == "build-summary":
-        from gpux_pack.commands import summary
+        from gpux_pack.commands import build
 
-        print(json.dumps(summary.json_schema(), indent=2))
+        print(json.dumps(build.json_schema(), indent=2))
         return
     if of != "gpux.yml":
         raise typer.BadParameter(f"{of!r}: expected gpux.yml or build-summary", param_hint="--of")
@@ -850,16 +516,11 @@ def _print_error(e: PackError, prefix: str = "") -> None:
     """One line; a failed build adds the end of the failing step's output. A user's value with
     a line break in it never splits the line."""
     text = str(e) if isinstance(e, BuildError) else " ".join(str(e).splitlines())
-    print("\n".join(_printable(line) for line in f"error: {prefix}{text}".split("\n")), file=sys.stderr)
+    print("\n".join(printable(line) for line in f"error: {prefix}{text}".split("\n")), file=sys.stderr)
     if isinstance(e, BuildError) and e.log_tail:
         print("last lines of its output:", file=sys.stderr)
         for line in e.log_tail:
-            print(f"  | {_printable(line)}", file=sys.stderr)
-
-
-def _printable(line: str) -> str:
-    """Control characters (a NUL in a user's value, a terminal escape) shown escaped."""
-    return line if line.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
+            print(f"  | {printable(line)}", file=sys.stderr)
 
 
 class Terminated(KeyboardInterrupt):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from gpux_pack import wheels
 from gpux_pack.errors import BuildError
-from gpux_pack.plan import SITE, RuntimeBase
+from gpux_pack.plan import RuntimeBase
+from gpux_pack.runtime.paths import SITE
 from gpux_pack.runtime import linkcheck
 from gpux_pack.ui import Reporter
 
@@ -41,7 +42,7 @@ def check_links(runtime_base: RuntimeBase, installed: wheels.Installed, ui: Repo
         provider.ep, list(provider.libraries), list(provider.dlopen), list(provider.library_dirs),
         list(provider.driver_libs), Path(base.rootfs), {SITE: installed.path}, SITE, base.arch,
         list(base.ld_library_path), ui.info, provider.tensorrt,
-    )  # fmt: skip
+    )
     if problems:
         hint = provider.link_hint or "use a base image that provides it"
         raise BuildError(linkcheck.failure(provider.ep, problems, hint), "link check",

@@ -25,20 +25,17 @@ from gpux_pack.errors import ModelError, UsageError
 from gpux_pack.project.config import model_name
 from gpux_pack.project.load import Project
 from gpux_pack.project.model import ModelInfo, Signature
-from gpux_pack.providers import (CACHE, CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, Devices, HostInfo, Provider, base_for,
+from gpux_pack.providers import (CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, Devices, HostInfo, Provider, base_for,
                                  devices_for)
 from gpux_pack.reference import parse_reference
 from gpux_pack.timestamps import created_now
-from gpux_pack.runtime import warm
-from gpux_pack.wheels import ARCHES, IMAGE_SITE, INSTALL_FORMAT, Lock, Target
+from gpux_pack.runtime import caches
+from gpux_pack.runtime.paths import APP_DIR, CACHE_DIR, CACHE_PLACEHOLDER, SITE
+from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
-APP_DIR = "/opt/gpux"
-SITE = IMAGE_SITE  # the packages installed on the host
-CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by USER, so a volume mounted there is writable
 # seconds a container has to load and warm up before failed health checks count (Docker's
 # HEALTHCHECK --start-period; the liveness probe's initialDelaySeconds, which podman reads as one)
 HEALTH_START = 60
-BAKED_DIR = warm.BAKED_DIR  # caches `gpux-pack warmup` bakes in, where the runtime looks for them
 PYTHON = "python3"  # the base image's own interpreter, by name (RUN steps and `docker exec`)
 # The PATH an image gets when its base image's config sets none: what Docker's builders (classic,
 # BuildKit) and buildah write then, and what Debian and Ubuntu set. Runtimes other than Docker
@@ -84,7 +81,7 @@ def interpreter(base: BaseImage) -> str:
     if base.interpreter:
         return base.interpreter
     official = re.match(r"^(?:(?:docker\.io|index\.docker\.io|registry-1\.docker\.io)/)?(?:library/)?python:",
-                        base.image)  # fmt: skip
+                        base.image)
     return "/usr/local/bin/python3" if base.has_python and official else "/usr/bin/python3"
 
 
@@ -112,6 +109,20 @@ class Options:
     warmup: str | None = None  # the setting asked for: auto | always | never (the plan's warmup is its mode)
     host: HostInfo | None = None  # the Docker host's devices, when known: a baked warmup needs the accelerator
     multi_platform: bool = False  # one of several platforms joined by an index under the tag
+
+
+def options(tag: str | None, base_image: str | None, platform: str | None, warmup: str | None) -> Options:
+    """The command line's flags, checked: a bad one is a UsageError naming it."""
+    if warmup is not None and warmup not in ("auto", "always", "never"):
+        raise UsageError(f"--warmup '{warmup}' is not auto, always or never")
+    if base_image is not None and base_image not in ("default", "vendor"):
+        try:
+            parse_reference(base_image)
+        except ValueError as e:
+            raise UsageError(f"--base-image: {e}") from None
+    if platform is not None and platform not in ARCHES:
+        raise UsageError(f"--platform '{platform}' is not one of {', '.join(ARCHES)}")
+    return Options(tag=tag, base_image=base_image, platform=platform, warmup=warmup)
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,7 @@ class RuntimeBase:
         assert self.lock is not None, "the tag names the lock: plan.with_lock first"
         h = hashlib.sha256()
         parts = [__version__, INSTALL_FORMAT, self.provider.name, self.base.image, self.base.id, self.base.python,
-                 self.link_check, self.lock.target.describe(), self.config.python]  # fmt: skip
+                 self.link_check, self.lock.target.describe(), self.config.python]
         parts += [f"{pin.name}=={pin.version}" for pin in self.lock.pins]
         h.update("\n".join(parts).encode())
         for name, data in sources.shipped():
@@ -178,7 +189,7 @@ class RuntimeBase:
             "io.gpux.provider": provider.name,
             "io.gpux.onnxruntime.version": provider.version,
             "io.gpux.pack.version": __version__,
-        }  # fmt: skip
+        }
 
 
 @dataclass(frozen=True)
@@ -360,7 +371,7 @@ def plan_runtime_base(provider: Provider, base: BaseImage, platform: str | None,
     else the base image's."""
     base = replace(base, nvidia_libs=nvidia_libs) if nvidia_libs else base
     return RuntimeBase(provider, base, check_base(provider, base, platform), link_check_mode(link_check, base),
-                       base.nvidia_libs)  # fmt: skip
+                       base.nvidia_libs)
 
 
 def check_base(provider: Provider, base: BaseImage, platform: str | None) -> str:
@@ -463,11 +474,11 @@ def notes(project: Project, signature: Signature, moved: int = 0) -> tuple[str, 
     if "host" in cfg.serving.model_fields_set and serving_host(cfg) != cfg.serving.host:
         out.append(project.note(("serving", "host"), f"{cfg.serving.host} applies to `gpux-pack serve` on this "
                                                      "machine; in the image the server listens on every interface "
-                                                     "(0.0.0.0), so a published port reaches it"))  # fmt: skip
+                                                     "(0.0.0.0), so a published port reaches it"))
     memory = cfg.runtime.gpu.memory
     if memory is not None and memory < 1 << 20:
         out.append(project.note(("runtime", "gpu", "memory"), f"{memory} bytes (a number is bytes, as GPUX's tutorial "
-                                                              "writes it); write 2GB for two gigabytes"))  # fmt: skip
+                                                              "writes it); write 2GB for two gigabytes"))
     return tuple(sorted(out, key=lambda note: int(m.group(1)) if (m := re.match(r"[^\n]*?:(\d+): ", note)) else 0))
 
 
@@ -567,7 +578,7 @@ def tensorrt_profiles(cfg: Any, inputs: Any) -> dict[str, dict[str, list[int]]]:
     an engine for each new shape it meets (set pack.tensorrt.profiles)."""
     if cfg.pack.tensorrt.profiles:
         return {name: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)}
-                for name, p in cfg.pack.tensorrt.profiles.items()}  # fmt: skip
+                for name, p in cfg.pack.tensorrt.profiles.items()}
     opt = max(cfg.runtime.batch_size, cfg.serving.batch_size)
     out: dict[str, dict[str, list[int]]] = {}
     for t in inputs:
@@ -616,7 +627,7 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
         # a plugin EP: the module whose library the runtime registers, and the device it asks for
         "plugin": {"ep": provider.ep, "module": provider.plugin, "device": cfg.pack.openvino.device}
         if provider.plugin else None,
-        "ep_context": provider.ep_context,  # compile into an EP context model (runtime/warm.py)
+        "ep_context": provider.ep_context,  # compile into an EP context model (runtime/caches.py)
         # to explain a fallback: the provider's libraries, and what `docker run` needs for its device
         "libraries": {
             "libs": list(provider.libraries),
@@ -675,7 +686,7 @@ def session_options(provider: Provider, config: Any, profiles: dict[str, dict[st
                 )
             if trt.ep_context:  # a later start loads the engine from this model, skipping the builder
                 opts["trt_dump_ep_context_model"] = "true"
-                opts["trt_ep_context_file_path"] = f"{CACHE}/{warm.CONTEXT_MODEL}"
+                opts["trt_ep_context_file_path"] = f"{CACHE_PLACEHOLDER}/{caches.CONTEXT_MODEL}"
                 opts["trt_ep_context_embed_mode"] = "1"
         if ep == "OpenVINOExecutionProvider":  # the plugin reads its settings from load_config only
             ov = config.pack.openvino

@@ -1,6 +1,6 @@
 """The execution-provider table, and the choice of a provider for a build.
 
-A provider is data: one `Provider` row (plus a template only where its Dockerfile differs).
+A provider is data: one `Provider` row; every provider's Dockerfile is the one template's.
 Versions, base images, libraries and the accelerator a container needs (the `Device` rows:
 Docker flags, Compose entries, Kubernetes resources) live here, not in templates or commands,
 so a new ONNX Runtime release is a one-line change and a new provider one row. Facts are from the wheels' METADATA and `readelf -d` of their provider libraries
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpux_pack.errors import UsageError
-from gpux_pack.runtime.warm import no_device
+from gpux_pack.runtime.devices import no_device
+from gpux_pack.runtime.paths import CACHE_PLACEHOLDER
 
 # What the image's runtime imports besides onnxruntime (kept tiny: the runtime is slim).
 # The image's runtime: uvicorn with httptools (its C HTTP parser; uvloop is left out: 14 MB
@@ -22,7 +23,6 @@ from gpux_pack.runtime.warm import no_device
 RUNTIME_REQUIREMENTS: tuple[str, ...] = ("numpy>=1.26", "uvicorn>=0.30,<1", "httptools>=0.6", "orjson>=3.10",
                                          "prometheus-client>=0.20")
 
-CACHE = "${GPUX_CACHE_DIR}"  # expanded by the runtime: the container's own cache dir
 NVIDIA_DRIVER = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvcuvid.so.1", "libnvidia-ptxjitcompiler.so.1")
 NVIDIA_ENV = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
 NVIDIA_WHEEL_LIBS = ("nvidia/*/lib", "tensorrt_libs")  # nvidia/cu13/lib, nvidia/cudnn/lib, ...
@@ -45,7 +45,7 @@ class Device:
     @property
     def run_flags(self) -> str:
         return " ".join([*([f"--gpus {self.gpus}"] if self.gpus else []), *(f"--device {d}" for d in self.devices),
-                         *(f"--group-add {g}" for g in self.groups)])  # fmt: skip
+                         *(f"--group-add {g}" for g in self.groups)])
 
 
 DEVICES: dict[str, Device] = {
@@ -60,7 +60,7 @@ DEVICES: dict[str, Device] = {
         Device("intel", "an Intel GPU (/dev/dri)", "intel_gpu", "openvino", "has an Intel GPU (/dev/dri)",
                devices=("/dev/dri",), kubernetes="gpu.intel.com/i915"),
     )
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,6 @@ class Provider:
     plugin: str = ""  # Python module of a plugin EP library (get_library_path()), chosen by device
     ep_context: bool = False  # compiled with ONNX Runtime's compile API into an EP context model
     env: tuple[tuple[str, str], ...] = ()  # the image's environment for this provider
-    template: str = ""  # a child of base.Dockerfile.j2, only where its Dockerfile really differs
     # Newest model IR version and ai.onnx / ai.onnx.ml opsets this onnxruntime release loads (it
     # refuses newer ones: "Unsupported model IR version", "Opset N is under development"). Measured
     # by bench/ort_limits.py: models of IR 3-15, opset 7-30 and ml opset 1-8 loaded with the release
@@ -162,10 +161,6 @@ class Provider:
     def base_image(self) -> str:
         return self.bases["default"].image
 
-    @property
-    def template_name(self) -> str:
-        return self.template or "base.Dockerfile.j2"
-
 
 _CUDA_OPTIONS = {"device_id": "0", "arena_extend_strategy": "kNextPowerOfTwo", "cudnn_conv_algo_search": "EXHAUSTIVE"}
 _TRT_OPTIONS = {
@@ -173,9 +168,9 @@ _TRT_OPTIONS = {
     "trt_fp16_enable": "false",
     "trt_int8_enable": "false",
     "trt_engine_cache_enable": "true",
-    "trt_engine_cache_path": f"{CACHE}/tensorrt",
+    "trt_engine_cache_path": f"{CACHE_PLACEHOLDER}/tensorrt",
     "trt_timing_cache_enable": "true",
-    "trt_timing_cache_path": f"{CACHE}/tensorrt",
+    "trt_timing_cache_path": f"{CACHE_PLACEHOLDER}/tensorrt",
 }
 _UBUNTU_2404 = (2, 39)
 # What every NVIDIA row shares: the wheels' library folders, the driver's libraries, the device
@@ -275,7 +270,7 @@ PROVIDERS: dict[str, Provider] = {
             platforms=("linux/amd64",),
             execution_providers=("MIGraphXExecutionProvider", "CPUExecutionProvider"),
             options={"MIGraphXExecutionProvider": {"device_id": "0", "migraphx_fp16_enable": "0",
-                                                   "migraphx_model_cache_dir": f"{CACHE}/migraphx"}},
+                                                   "migraphx_model_cache_dir": f"{CACHE_PLACEHOLDER}/migraphx"}},
             bases={"default": BaseImage("rocm/dev-ubuntu-24.04:7.2", "3.12", _UBUNTU_2404, system_packages=("migraphx",))},
             libraries=("libonnxruntime_providers_migraphx.so",),
             link_hint="use a ROCm 7.2 base image with the migraphx package",
@@ -339,7 +334,7 @@ EP_NAMES: dict[str, str] = {name: row.ep for name, row in PROVIDERS.items()}
 CPU_EPS: tuple[str, ...] = tuple(row.ep for row in PROVIDERS.values() if row.device is None)
 # What AMD's and NVIDIA's providers call a memory limit (runtime.gpu.memory).
 MEMORY_OPTION: dict[str, str] = {"CUDAExecutionProvider": "gpu_mem_limit", "ROCMExecutionProvider": "gpu_mem_limit",
-                                 "MIGraphXExecutionProvider": "migraphx_mem_limit"}  # fmt: skip
+                                 "MIGraphXExecutionProvider": "migraphx_mem_limit"}
 
 
 def names_help(several: bool = True) -> str:

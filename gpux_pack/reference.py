@@ -67,10 +67,3 @@ def parse_reference(text: str) -> Reference:
         raise ValueError(f"{shown} is longer than {NAME_MAX} characters")
     return Reference(name, tag, digest)
 
-
-def is_reference(text: str) -> bool:
-    try:
-        parse_reference(text)
-        return True
-    except ValueError:
-        return False

@@ -8,7 +8,6 @@ import sys
 from typing import Any
 
 
-
 class Reporter:
     """Plain lines unless stderr is a terminal: rich (tens of milliseconds to import) is loaded
     only for a terminal's progress bar and colours."""
@@ -103,3 +102,15 @@ def _terminal() -> bool:
 def built_line(tag: str, image_id: str, size_bytes: int, provider: str, seconds: float, how: str) -> str:
     """The one line a build of one image ends with (a model-only rebuild prints it too)."""
     return f"built {tag}  {image_id[7:19]}  {size_bytes / 1e6:.0f} MB  {provider}  {seconds:.1f}s ({how})"
+
+
+def escape(text: str) -> str:
+    """A value shown in a rich table: its markup characters taken literally."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def printable(line: str) -> str:
+    """Control characters (a NUL in a user's value, a terminal escape) shown escaped."""
+    return line if line.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)

@@ -31,6 +31,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from gpux_pack import staging
+from gpux_pack.runtime.paths import SITE
 from gpux_pack.staging import cache_dir, remove, temp_path, touch
 from gpux_pack.errors import WheelError
 
@@ -142,7 +143,7 @@ def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False
     if refresh or not path.is_file():
         if offline:
             raise WheelError(f"no cached lock for {target.describe()} (resolve it once with network, e.g. "
-                             "`gpux-pack plan` without --offline)")  # fmt: skip
+                             "`gpux-pack plan` without --offline)")
         path.parent.mkdir(parents=True, exist_ok=True)
         with staging.locked(path):  # a second build resolving the same lock waits, then reuses it
             if refresh or not path.is_file():
@@ -188,7 +189,7 @@ def _uv_compile(requirements: list[str], target: Target, pylock: bool = False) -
         "--only-binary", ":all:",
         "--generate-hashes", "--no-header", "--no-annotate", "--quiet",
         *(["--format", "pylock.toml"] if pylock else []),
-    ]  # fmt: skip
+    ]
     env = dict(os.environ)
     # Let a pip-only configuration (proxy index, custom CA) reach uv as well.
     if "PIP_INDEX_URL" in env and not ({"UV_INDEX_URL", "UV_DEFAULT_INDEX"} & env.keys()):
@@ -375,7 +376,7 @@ def _pip_download_into(pins: list[Pin], target: Target, folder: Path) -> None:
         "--abi", target.cp, "--abi", "abi3", "--abi", "none",
         *[arg for plat in target.platforms for arg in ("--platform", plat)],
         "-r", req,
-    ]  # fmt: skip
+    ]
     log = req + ".log"  # pip's debug log says why an index page could not be fetched (401, refused)
     try:
         proc = subprocess.run([*cmd, "--log", log], capture_output=True, text=True)
@@ -388,7 +389,7 @@ def _pip_download_into(pins: list[Pin], target: Target, folder: Path) -> None:
         full = _no_space(proc.stderr + "\n" + details, folder)
         if full:
             raise WheelError(f"downloading wheels failed: no space left on device in {full} (free some space, or "
-                             "set GPUX_PACK_CACHE_DIR, or TMPDIR for pip's own files, to a larger disk)")  # fmt: skip
+                             "set GPUX_PACK_CACHE_DIR, or TMPDIR for pip's own files, to a larger disk)")
         found = _index_failure(proc.stderr + "\n" + details, [p.name for p in pins])
         errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
         reason = found or redact(" ".join(errors)[:600] or proc.stderr.strip()[-600:])
@@ -455,7 +456,6 @@ TRIM_NAMES = ("tests", "__pycache__")
 TRIM_FILES = (".lock",)  # uv's lock file of the --target folder
 UNLINKED = ("onnxruntime/capi/libonnxruntime.so.*",)  # the C API library: Python uses the pybind module
 INSTALL_FORMAT = "4"  # bump when the trimming or layout changes: a new cache key (3: .pyc name the image's path, 4: the runtime's too)
-IMAGE_SITE = "/opt/gpux/site-packages"  # where the install lands in the image
 
 
 @dataclass(frozen=True)
@@ -514,7 +514,7 @@ def _uv_install(wheelhouse: Wheelhouse, site: Path) -> None:
         "--python-version", wheelhouse.lock.target.python, "--python-platform", wheelhouse.lock.target.uv_platform,
         "--no-index", "--no-deps", "--require-hashes", "--link-mode", "copy", "--no-compile-bytecode",
         "--no-config", "--quiet",
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise WheelError(f"installing the image's wheels failed: {_uv_reason(proc.stderr)}")
@@ -571,7 +571,7 @@ def bytecode(sources: list[Path], image_dir: str) -> list[tuple[str, bytes]]:
         for src in sources:
             cfile = Path(tmp) / f"{src.stem}.pyc"
             py_compile.compile(str(src), cfile=str(cfile), dfile=f"{image_dir}/{src.name}", doraise=True,
-                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)  # fmt: skip
+                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
             out.append((f"__pycache__/{src.stem}.{sys.implementation.cache_tag}.pyc", cfile.read_bytes()))
     return out
 
@@ -582,6 +582,6 @@ def _compile(site: Path) -> None:
     import compileall
     import py_compile
 
-    ok = compileall.compile_dir(str(site), quiet=2, workers=0, ddir=IMAGE_SITE,  # not the staging folder's name
+    ok = compileall.compile_dir(str(site), quiet=2, workers=0, ddir=SITE,  # not the staging folder's name
                                 invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
     del ok  # False when a package ships templates named .py: those simply stay uncompiled

@@ -42,7 +42,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     return subprocess.run(
         [sys.executable, "-m", "gpux_pack", *args],
         capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="session")
@@ -176,7 +176,7 @@ INTEL_CPU_MODEL = "Haswell-noTSX"
 
 
 def intel_cpu() -> bool:
-    from gpux_pack.runtime.warm import cpu_vendor
+    from gpux_pack.runtime.devices import cpu_vendor
 
     return cpu_vendor()[0] == "GenuineIntel"
 

@@ -39,7 +39,7 @@ def model_for(entry: dict[str, Any], path: Path) -> None:
         const = helper.make_tensor(f"shape{n}", TensorProto.INT64, [len(shape)], shape)
         value = helper.make_tensor(f"value{n}", _TYPES[o["type"]], [1], [0.25] if o["type"].startswith("float") else [1])
         nodes += [helper.make_node("Constant", [], [f"s{n}"], value=const),
-                  helper.make_node("ConstantOfShape", [f"s{n}"], [o["name"]], value=value)]  # fmt: skip
+                  helper.make_node("ConstantOfShape", [f"s{n}"], [o["name"]], value=value)]
         outputs.append(helper.make_tensor_value_info(o["name"], _TYPES[o["type"]], dims(o["shape"])))
     graph = helper.make_graph(nodes, "form", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -27,7 +27,7 @@ def kserve_schema() -> dict:
     def strict(node: Any) -> None:
         if isinstance(node, dict):
             if "properties" in node and "additionalProperties" not in node and \
-                    not node.get("x-kubernetes-preserve-unknown-fields"):  # fmt: skip
+                    not node.get("x-kubernetes-preserve-unknown-fields"):
                 node["additionalProperties"] = False
             for value in node.values():
                 strict(value)

@@ -11,17 +11,20 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
 
 from gpux_pack import engine
-from gpux_pack.commands.run import start
+from gpux_pack.engine.containers import start_container
 from gpux_pack.errors import DockerError
 from gpux_pack.plan import PYTHON
 from gpux_pack.runtime.dtypes import DTYPES, V2_TO_NAME
-from gpux_pack.ui import Reporter
+from gpux_pack.pipeline import build
+from gpux_pack.plan import Options
+from gpux_pack.ui import Reporter, escape
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,12 @@ class Result:
 
 
 def bench(client: Any, image: str, ui: Reporter, runs: int, concurrency: int) -> Result:
-    started = start(client, image, ui)
+    started = start_container(client, image, ui)
     try:
         code, out = started.container.exec_run([PYTHON, "-m", "gpux_runtime", "bench", "--runs", str(runs)])
         if code != 0:
             raise DockerError(f"{image}: the model benchmark failed in the container: "
-                              f"{out.decode(errors='replace').strip().splitlines()[-1:]}")  # fmt: skip
+                              f"{out.decode(errors='replace').strip().splitlines()[-1:]}")
         inside = json.loads(out.decode().strip().splitlines()[-1])
         body, headers, path = _request(started.url)
         http_ms, rps = load_test(started.url, path, body, headers, runs, concurrency)
@@ -58,7 +61,7 @@ def bench(client: Any, image: str, ui: Reporter, runs: int, concurrency: int) ->
             engine.remove_container(started.container)
     return Result(image, started.provider, inside["providers"], inside["p50_ms"], inside["p99_ms"],
                   http_ms[len(http_ms) // 2], http_ms[min(len(http_ms) - 1, int(len(http_ms) * 0.99))], rps, runs,
-                  concurrency)  # fmt: skip
+                  concurrency)
 
 
 def _request(url: str) -> tuple[bytes, dict[str, str], str]:
@@ -81,7 +84,7 @@ def _request(url: str) -> tuple[bytes, dict[str, str], str]:
             arr = rng.random(shape).astype(kind) if np.issubdtype(kind, np.floating) else np.zeros(shape, kind)
             blob = arr.tobytes()
         items.append({"name": t["name"], "shape": shape, "datatype": t["datatype"],
-                      "parameters": {"binary_data_size": len(blob)}})  # fmt: skip
+                      "parameters": {"binary_data_size": len(blob)}})
         blobs.append(blob)
     head = json.dumps({"inputs": items, "parameters": {"binary_data_output": True}}).encode()
     return head + b"".join(blobs), {"Inference-Header-Content-Length": str(len(head)),
@@ -125,3 +128,30 @@ def load_test(url: str, path: str, body: bytes, headers: dict[str, str], total: 
         raise DockerError(f"the end-to-end benchmark got {errors[0] if errors else 'no answers'}")
     latencies.sort()
     return latencies, len(latencies) / seconds
+
+
+def bench_target(client: Any, target: str, provider: str | None, tag: str | None, options: Options | None, runs: int,
+                 concurrency: int, ui: Reporter, failed: Any) -> tuple[list[dict[str, Any]], list[Any]]:
+    """A project is built first (one image per provider), an image is benched as it is."""
+    images = [target]
+    if options is not None:
+        loaded, decision, _ = build.open_project(Path(target), provider, tag, lambda: client, ui)
+        build.check_tag(tag, decision.providers)
+        made, failures, _ = build.build_each(loaded, decision, [options], client, ui, failed)
+        if failures:
+            return [], failures
+        images = [m.built.tag for m in made]
+    return [bench(client, image, ui, runs, concurrency).row() for image in images], []
+
+
+def table(results: list[dict[str, Any]], runs: int, concurrency: int) -> Any:
+    from rich.table import Table
+
+    out = Table(title=f"{runs} runs, concurrency {concurrency}")
+    for col in ("provider", "active", "model p50", "model p99", "HTTP p50", "HTTP p99", "req/s", "image"):
+        out.add_column(col)
+    for r in results:
+        out.add_row(*(escape(str(c)) for c in (
+            r["provider"], r["active"][0], f"{r['model_p50_ms']:.3f} ms", f"{r['model_p99_ms']:.3f} ms",
+            f"{r['http_p50_ms']:.3f} ms", f"{r['http_p99_ms']:.3f} ms", f"{r['throughput_rps']:.0f}", r["image"])))
+    return out

@@ -1,276 +1,207 @@
-"""`gpux-pack build`, `render` and `base build|render`: the stages in order.
-
-load (config, model) -> plan (every decision; the lock) -> install (on the host, then the link
-check) -> Dockerfile -> context -> image (image/maker.py). `build` and `render` share
-everything up to the context; `plan` stops after the lock.
-"""
+"""`gpux-pack build`: the pipeline for each provider (and platform), the summary it prints, and the
+record a weights-only rebuild replays. The summary is typed (`build --json`, what CI pipelines
+read), so its JSON Schema (build-summary.schema.json, `gpux-pack schema --of build-summary`) is
+generated, not written."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-from gpux_pack import engine, providers, wheels
-from gpux_pack.commands import warmup
-from gpux_pack.engine import rootfs
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpux_pack import engine
 from gpux_pack.errors import PackError, UsageError
-from gpux_pack.image.context import Context, model_context, runtime_base_context
-from gpux_pack.image.dockerfile import dockerfile, runtime_base_dockerfile
-from gpux_pack.image.maker import Maker, OncePerTag, choose, model_job, runtime_base_job
-from gpux_pack.image.builder import BuiltImage
-from gpux_pack.install import install
-from gpux_pack.plan import (Options, Plan, RuntimeBase, assumed_base, check_model_for, choose_base, image_tag,
-                            make_plan, notes, plan_runtime_base, weights_note, with_lock)
-from gpux_pack.project.load import Project, load_project
-from gpux_pack.project.model import ModelInfo, Signature, inspect_model, reconcile
-from gpux_pack.providers import BaseImage
-from gpux_pack.registry import index
-from gpux_pack.registry.push import Pushed, push
-from gpux_pack.ui import Reporter
+from gpux_pack.pipeline.build import Loaded, Made, build_each, check_tag, open_project
+from gpux_pack.pipeline import rebuild
+from gpux_pack.plan import Options
+from gpux_pack.ui import Reporter, built_line, escape
+from gpux_pack.wheels import ARCHES, lock_path
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageRow(_Model):
+    tag: str = Field(description="The image's tag")
+    id: str = Field(description="The image id (sha256:...)")
+    size_bytes: int
+    provider: str = Field(description="cpu, cuda, tensorrt, rocm, migraphx or openvino")
+    reason: str = Field(description="Why this provider (auto says what it saw)")
+    base_image: str
+    runtime_base: Optional[str] = Field(description="The provider's runtime base image (content-addressed tag)")
+    runtime_base_built: bool = Field(description="Whether this build made the runtime base image")
+    context_bytes: int = Field(description="Bytes sent or assembled for the model image")
+    platform: Optional[str]
+    python: str
+    onnxruntime: Optional[str] = Field(description="The onnxruntime version in the image")
+    warmup: str = Field(description="none, at-start or baked")
+    seconds: float
+    steps: int
+    cached_steps: int
+    assembled: bool = Field(description="Made on the host and loaded (nothing ran), rather than built")
+    digest: Optional[str] = Field(None, description="name@sha256:... when pushed (--push)")
+    notes: list[str] = Field(default_factory=list, description="Warnings about gpux.yml: what was left out or not "
+                             "acted on, where the graph overrules a declaration (file:line: field: text)")
+
+
+class IndexManifest(_Model):
+    platform: str = Field(description="os/architecture, e.g. linux/arm64")
+    digest: str = Field(description="name@sha256:... of that platform's image")
+
+
+class PushedIndex(_Model):
+    provider: str
+    tag: str = Field(description="The tag the OCI image index was pushed under")
+    digest: str = Field(description="name@sha256:... of the index")
+    manifests: list[IndexManifest]
+
+
+class Failure(_Model):
+    provider: str
+    error: str = Field(description="The one-line error")
+    exit_code: int
+
+
+class BuildSummary(_Model):
+    images: list[ImageRow]
+    indexes: list[PushedIndex] = Field(
+        default_factory=list, description="--platform a,b --push: one OCI image index per provider"
+    )
+    failed: list[Failure]
+    seconds: float
+
+
+def json_schema() -> dict[str, Any]:
+    out = BuildSummary.model_json_schema()
+    out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    out["title"] = "gpux-pack build --json"
+    return out
+
+
+def platforms(platform: str | None, bases: list[str] | None, push: bool) -> tuple[list, dict]:
+    """--platform a,b and --base-image [PLATFORM=]IMAGE...: the platforms (or [None]) and each
+    one's base (None: every platform's; the last given for a platform wins)."""
+    chosen_platforms = [p.strip() for p in platform.split(",")] if platform else [None]
+    if len(chosen_platforms) > 1:
+        if len(set(chosen_platforms)) != len(chosen_platforms) or \
+                len({ARCHES.get(p) for p in chosen_platforms}) != len(chosen_platforms):
+            raise UsageError(f"--platform '{platform}' names a platform twice")
+        if not push:
+            raise UsageError(f"--platform '{platform}': several platforms need --push: their index lives in a "
+                             "registry, not in the engine")
+    chosen: dict[str | None, str] = {}
+    for item in bases or []:
+        where, _, image = item.rpartition("=")  # a reference never holds '='
+        key = where or None
+        if key is not None and key not in chosen_platforms:
+            raise UsageError(f"--base-image '{item}': {where} is not a platform being built ({platform or 'none given'})")
+        chosen[key] = image  # a later one for the same platform wins, as with any option given twice
+    return chosen_platforms, chosen
 
 
 @dataclass(frozen=True)
-class Loaded:
-    project: Project
-    model: ModelInfo
-    signature: Signature
+class Outcome:
+    made: list[Made]
+    failures: list[tuple[str, PackError]]
+    indexes: list[tuple[str, Any]]  # (provider, index.Index) per provider built for several platforms
+    seconds: float
+    loaded: Loaded
+    client: Any
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A model image, ready to make: its context, and its runtime base image's when the engine
-    lacks it (made first). render: one self-contained context and no runtime base."""
+def build(path: Path, provider: str | None, tag: str | None, options: Options, platforms: list[str | None],
+          bases: dict[str | None, str], ui: Reporter, failed: Callable[[str, PackError], None], *,
+          no_cache: bool = False, refresh: bool = False, push: bool = False, contained: bool = False,
+          strict: bool = False) -> Outcome:
+    """One image per provider and platform (bases: each platform's --base-image, None for all)."""
+    started = time.perf_counter()
+    loaded, decision, client = open_project(path, provider, tag, engine.connect, ui, contained, strict)
+    check_tag(tag, decision.providers)
+    if (options.warmup or loaded.project.config.pack.warmup) != "never":  # a baked warmup wants the host's device
+        options = replace(options, host=engine.host_info(client))
+    per_platform = [replace(options, platform=p, base_image=bases.get(p, bases.get(None)), multi_platform=True)
+                    for p in platforms] if len(platforms) > 1 else [options]
+    made, failures, indexes = build_each(loaded, decision, per_platform, client, ui, failed, no_cache,
+                                                  refresh, push)
+    return Outcome(made, failures, indexes, time.perf_counter() - started, loaded, client)
 
-    plan: Plan
-    context: Context
-    runtime_base_context: Context | None = None
+
+def row(made: Made) -> dict[str, Any]:
+    """One image's row of the build summary."""
+    plan, prepared, built, pushed = made.plan, made.prepared, made.built, made.pushed
+    return {
+        "tag": built.tag,
+        "id": built.id,
+        "size_bytes": built.size_bytes,
+        "provider": plan.provider.name,
+        "reason": plan.reason,
+        "base_image": plan.base.image,
+        "runtime_base": plan.runtime_base.tag,
+        "runtime_base_built": prepared.runtime_base_context is not None,
+        "context_bytes": prepared.context.size_bytes,
+        "platform": plan.platform,
+        "python": plan.base.python,
+        "onnxruntime": plan.lock.version_of(plan.provider.ort),
+        "warmup": plan.warmup,
+        "seconds": round(built.seconds, 2),
+        "steps": built.steps,
+        "cached_steps": built.cached_steps,
+        "assembled": built.assembled,
+        "digest": pushed.digest if pushed else None,
+        "notes": list(plan.notes),
+    }
 
 
-@dataclass(frozen=True)
-class Made:
-    plan: Plan
-    prepared: Prepared
-    built: BuiltImage
-    pushed: Pushed | None
+def summary(outcome: Outcome) -> BuildSummary:
+    return BuildSummary.model_validate({
+        "images": [row(m) for m in outcome.made],
+        "indexes": [{"provider": name, "tag": i.tag, "digest": i.digest,
+                     "manifests": [{"platform": p, "digest": d} for p, d in i.members]} for name, i in outcome.indexes],
+        "failed": [{"provider": name, "error": str(e), "exit_code": e.exit_code} for name, e in outcome.failures],
+        "seconds": round(outcome.seconds, 2),
+    })
 
 
-def load(path: Path, contained: bool = False, strict: bool = False) -> Loaded:
-    """Config and model, checked against each other. No Docker, no network. contained (or the
-    project's pack.contained): gpux.yml and the model must resolve inside the folder named.
-    strict (or pack.strict): what is otherwise a warning is refused."""
-    project = load_project(path, strict)
-    model_path = project.model_path
-    if contained or project.config.pack.contained:
-        _contain(Path(path), project, model_path)
+def summary_report(doc: BuildSummary) -> tuple[list[str], Any, list[str]]:
+    """What `build` prints without --json: lines, a table (several images or a failure, else None),
+    lines after it."""
+    rows, failed = doc.images, doc.failed
+    pushed = [f"pushed {r.digest}" for r in rows if r.digest]
+    pushed += [f"pushed index {i.digest}  ({', '.join(m.platform for m in i.manifests)})" for i in doc.indexes]
+    if len(rows) + len(failed) == 1 and rows:
+        r = rows[0]
+        how = "assembled, nothing ran" if r.assembled else f"{r.cached_steps}/{r.steps} steps cached"
+        return [built_line(r.tag, r.id, r.size_bytes, r.provider, r.seconds, how)], None, pushed
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} built, {len(failed)} failed, {doc.seconds:.1f}s")
+    for col in ("provider", "platform", "tag", "image", "size", "onnxruntime", "seconds", "result"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(escape(c) for c in (r.provider, r.platform or "", r.tag, r.id[7:19],
+                                             f"{r.size_bytes / 1e6:.0f} MB", r.onnxruntime or "",
+                                             f"{r.seconds:.1f}", "ok")))
+    for f in failed:
+        table.add_row(escape(f.provider), "", "", "", "", "", "", escape(f"failed: {f.error[:100]}"))
+    return [], table, pushed
+
+
+def record(argv: list[str], outcome: Outcome) -> None:
+    """What the next identical `build` needs to replay this one when only the weights change."""
+    if len(outcome.made) != 1 or outcome.failures:
+        return
+    made = outcome.made[0]
+    plan, built = made.plan, made.built
+    if built.loaded is None or plan.warmup == "baked":
+        return
     try:
-        os.stat(model_path)
-    except FileNotFoundError:
-        raise project.error(("model", "source"), f"file not found: {model_path}") from None
-    except OSError as e:  # a symlink loop, a name too long
-        raise project.error(("model", "source"), f"cannot read: {e.strerror or e}") from None
-    if model_path.is_dir():
-        raise project.error(("model", "source"), f"is a folder, not an .onnx file: {model_path}")
-    if not model_path.is_file():
-        raise project.error(("model", "source"), f"is not a regular file (a FIFO or device?): {model_path}")
-    model = inspect_model(model_path, _shown(model_path))
-    return Loaded(project, model, reconcile(project, model))
-
-
-def _contain(path: Path, project: Project, model_path: Path) -> None:
-    """GPUX documents absolute model paths, so a build reads them by default; a contained one
-    refuses whatever resolves outside the project's folder (`..`, an absolute path, a symbolic
-    link out), before reading it. External data must lie in the model's own folder already."""
-    folder = Path(os.path.realpath(path if path.is_dir() else path.parent))
-    if not project.config_path.is_relative_to(folder):
-        raise UsageError(f"{_shown(path)}: gpux.yml resolves to {project.config_path}, outside {folder} (--contained)")
-    if not model_path.is_relative_to(folder):
-        raise project.error(("model", "source"), f"resolves to {model_path}, outside the project folder {folder} "
-                                                 "(--contained builds read nothing outside it)")  # fmt: skip
-
-
-def _shown(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def check_model(loaded: Loaded, cli: list[str]) -> None:
-    """Before Docker: when the providers are known without asking the host, the model must
-    load in each one's onnxruntime (opsets, operators). `auto` is checked once decided."""
-    cfg = loaded.project.config
-    decision = providers.decide(cli, list(cfg.pack.providers), cfg.runtime.gpu.backend, None)
-    if not decision.from_host:
-        for name in decision.providers:
-            check_model_for(loaded.model, providers.get(name, cuda=cfg.pack.cuda))
-
-
-def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Reporter) -> providers.Decision:
-    cfg = loaded.project.config
-    decision = providers.decide(cli, list(cfg.pack.providers), cfg.runtime.gpu.backend, None)
-    if decision.from_host and client is not None:
-        decision = providers.decide(cli, list(cfg.pack.providers), cfg.runtime.gpu.backend, engine.host_info(client))
-    ui.info(f"provider: {', '.join(decision.providers)} ({decision.reason})")
-    return decision
-
-
-def start(path: Path, provider_flag: str | None, tag: str | None, connect: Callable[[], Any],
-          ui: Reporter, contained: bool = False, strict: bool = False,
-          warn: bool = True) -> tuple[Loaded, providers.Decision, Any]:
-    """What every command that starts from a project does first: load it, refuse a bad tag and a
-    model the images' onnxruntime cannot load before asking Docker anything, then connect and
-    choose the providers (asking the Docker host only for `auto`). Says the plan's notes on gpux.yml
-    (warn=False: the caller prints them). Returns the client too."""
-    cli = providers.parse_provider_list(provider_flag)
-    loaded = load(path, contained, strict)
-    for line in notes(loaded.project, loaded.signature) if warn else ():
-        ui.warn(line)
-    image_tag(loaded.project, "cpu", tag)
-    check_model(loaded, cli)
-    client = connect()
-    return loaded, choose_providers(loaded, cli, client, ui), client
-
-
-def base_facts(base: BaseImage, platform: str | None, python: str | None, client: Any | None, ui: Reporter,
-               pull: bool, for_platform: bool = False) -> BaseImage:
-    """The base image's facts read from its files (engine/rootfs.py), else the table's."""
-    found = rootfs.inspect_base(client, base, platform, python, pull, ui.info, for_platform) if client else None
-    if found is None:
-        found = assumed_base(base, platform, python)
-        ui.info(f"base image {base.image} not inspected: assuming Python {found.python}, "
-                f"glibc {found.glibc[0]}.{found.glibc[1]}")
-    return found
-
-
-def plan_for(
-    loaded: Loaded, provider_name: str, reason: str, options: Options, client: Any | None, ui: Reporter, pull: bool
-) -> Plan:
-    """The plan for one provider, before its wheels are resolved (see locked). With an engine,
-    the base image's facts are read from its files; without one, the table's are assumed."""
-    project = loaded.project
-    provider = providers.get(provider_name, cuda=project.config.pack.cuda)
-    base = base_facts(choose_base(project, provider, options), options.platform, project.config.pack.python,
-                      client, ui, pull, for_platform=options.multi_platform)
-    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options)
-
-
-def locked(plan: Plan, ui: Reporter, refresh: bool = False, client: Any | None = None,
-           offline: bool = False) -> Plan:
-    """The plan with its wheels resolved for its target (cached by requirements and target),
-    and whether the engine (when given) already has the runtime base image they make."""
-    if not offline:
-        ui.info(f"resolving wheels for {plan.target.describe()}")
-    lock = wheels.resolve(plan.requirements, plan.target, refresh=refresh, offline=offline)
-    present = client is not None and engine.image_exists(client, with_lock(plan, lock).runtime_base.tag)
-    return with_lock(plan, lock, runtime_base_present=present)
-
-
-def prepare(
-    loaded: Loaded,
-    provider_name: str,
-    reason: str,
-    options: Options,
-    client: Any | None,
-    ui: Reporter,
-    pull: bool,
-    refresh: bool = False,
-    self_contained: bool = False,
-) -> Prepared:
-    """build: a model context on the provider's runtime base image (prepared too when the engine
-    lacks it). self_contained (render): one context with everything, which `docker build`
-    turns into an image with the same layers."""
-    plan = locked(plan_for(loaded, provider_name, reason, options, client, ui, pull), ui, refresh,
-                  None if self_contained else client)  # fmt: skip
-    if plan.externalize:
-        ui.info(weights_note(plan.model.files[0], plan.model.inline_weights))
-    if self_contained:
-        installed = install(plan.runtime_base, ui)
-        return Prepared(plan, model_context(plan, installed, dockerfile(plan, part="image")))
-    base_context = None
-    if plan.makes_runtime_base:
-        base_context = runtime_base_context(install(plan.runtime_base, ui),
-                                            runtime_base_dockerfile(plan.runtime_base, tag=plan.runtime_base.tag))
-    else:
-        ui.info(f"runtime base image {plan.runtime_base.tag} is present: only the model is sent")
-    return Prepared(plan, model_context(plan, None, dockerfile(plan, part="model")), base_context)
-
-
-def make(client: Any, prepared: Prepared, maker: Maker, ui: Reporter, no_cache: bool = False) -> BuiltImage:
-    """The runtime base image when it is missing (once, however many builds want it), then the
-    model image; a baked warmup tags the warmed image instead."""
-    plan = prepared.plan
-    if prepared.runtime_base_context is not None:
-        OncePerTag(maker, client, ui, reuse=not no_cache).make(
-            runtime_base_job(plan.runtime_base, prepared.runtime_base_context))
-    baked = plan.warmup == "baked"
-    built = maker.make(model_job(plan, prepared.context, tagged=not baked))
-    return bake(client, built, plan, maker, ui) if baked else built
-
-
-def bake(client: Any, built: BuiltImage, plan: Plan, maker: Maker, ui: Reporter) -> BuiltImage:
-    """`--warmup always`: what `gpux-pack warmup` does, on the image just made (untagged), to
-    give the tag an image with its cache baked in. On any failure (Ctrl-C included) the
-    untagged image is removed; the warmup container always is."""
-    try:
-        warmed = warmup.warm_image(client, built.id, ui, maker, tag=plan.tag, devices=plan.warm_devices)
-    except BaseException:
-        engine.remove_untagged(client, built.id)
-        raise
-    image = client.images.get(warmed.id)
-    return BuiltImage(tag=plan.tag, id=image.id, size_bytes=image.attrs.get("Size", 0),
-                      seconds=built.seconds + warmed.seconds, steps=built.steps, cached_steps=built.cached_steps,
-                      assembled=built.assembled)  # fmt: skip
-
-
-def build_each(loaded: Loaded, decision: providers.Decision, per_platform: list[Options], client: Any, ui: Reporter,
-               failed: Callable[[str, PackError], None], no_cache: bool = False, refresh: bool = False,
-               push_: bool = False) -> tuple[list[Made], list[tuple[str, PackError]], list[tuple[str, index.Index]]]:
-    """Build (and push) one image per provider and platform, and one index per provider when there
-    are several platforms; a failing provider does not stop the others (failed is told at once)."""
-    maker = choose(client, ui, no_cache)
-    results: list[Made] = []
-    failures: list[tuple[str, PackError]] = []
-    indexes: list[tuple[str, index.Index]] = []
-    for name in decision.providers:
-        try:
-            done = []
-            for options in per_platform:
-                prepared = prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
-                built = make(client, prepared, maker, ui, no_cache)
-                done.append(Made(prepared.plan, prepared, built, push(client, built.tag, ui) if push_ else None))
-            index_tag = done[0].plan.index_tag
-            if index_tag:
-                members = [index.Member(m.plan.platform, m.pushed.digest.split("@", 1)[1]) for m in done if m.pushed]
-                ui.info(f"writing the index {index_tag} ({', '.join(m.platform for m in members)})")
-                indexes.append((name, index.push_index(client, index_tag, members)))
-            results.extend(done)
-        except PackError as e:
-            if len(decision.providers) == 1:
-                raise
-            failures.append((name, e))
-            failed(name, e)
-    return results, failures, indexes
-
-
-# ---------------------------------------------------------------------------------------------
-# runtime base images on their own (`gpux-pack base build|render`)
-
-
-def prepare_runtime_base(provider_name: str, cuda: str, base_choice: str | None, platform: str | None,
-                         nvidia_libs: str | None, link_check: bool, client: Any | None, ui: Reporter, pull: bool,
-                         refresh: bool = False) -> tuple[RuntimeBase, Context]:
-    provider = providers.get(provider_name, cuda=cuda)
-    base = base_facts(providers.base_for(provider, base_choice), platform, None, client, ui, pull)
-    runtime_base = plan_runtime_base(provider, base, platform, link_check, nvidia_libs)
-    ui.info(f"resolving wheels for {runtime_base.target.describe()}")
-    runtime_base = with_lock(runtime_base, wheels.resolve(runtime_base.requirements, runtime_base.target,
-                                                          refresh=refresh))  # fmt: skip
-    dockerfile_text = runtime_base_dockerfile(runtime_base, tag=runtime_base.tag)
-    return runtime_base, runtime_base_context(install(runtime_base, ui), dockerfile_text)
-
-
-def make_runtime_base(client: Any, runtime_base: RuntimeBase, context: Context, ui: Reporter,
-                      no_cache: bool = False) -> BuiltImage:
-    return OncePerTag(choose(client, ui, no_cache), client, ui, reuse=False).make(runtime_base_job(runtime_base, context))
+        images = {ref: outcome.client.images.get(ref).id for ref in (plan.base.image, plan.runtime_base.tag)}
+    except Exception:  # a base that is not an image here: nothing to replay from
+        return
+    rebuild.record(argv, outcome.loaded.project.root, plan.model.path, plan.model.sha256, plan.model.size_bytes,
+                   plan.provider.name, images, lock_path(plan.requirements, plan.target), built.loaded,
+                   plan.project.variables, row(made))

@@ -13,6 +13,7 @@ import os
 import re
 import time
 import zipfile
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ class Kind:
         return {"name": self.name, "what": KINDS[self.name], "path": str(self.path), "entries": len(entries),
                 "bytes": sum(size(p) for p in entries), "oldest": min(times, default=None),
                 "newest": max(times, default=None), "leftovers": len(left),
-                "leftover_bytes": sum(size(p) for p in left)}  # fmt: skip
+                "leftover_bytes": sum(size(p) for p in left)}
 
 
 def _whole(wheel: Path) -> bool:
@@ -123,3 +124,12 @@ def prune(older_than: float) -> list[tuple[Path, int]]:
     if client is not None:
         engine.remove_leftovers(client, "export")
     return removed
+
+
+def lines(rows: list[dict[str, Any]]) -> list[str]:
+    """`cache ls` without --json."""
+    out = [str(root())]
+    for r in rows:
+        left = f"  (+{r['leftovers']} left by killed builds, {r['leftover_bytes'] / 1e6:.1f} MB)" if r["leftovers"] else ""
+        out.append(f"  {r['name']:<8} {r['entries']:>6} entries  {r['bytes'] / 1e6:>10.1f} MB  {r['what']}{left}")
+    return out

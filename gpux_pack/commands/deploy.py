@@ -40,7 +40,8 @@ import yaml
 
 from gpux_pack import providers
 from gpux_pack.errors import UsageError
-from gpux_pack.plan import CACHE_DIR, HEALTH_START, UID
+from gpux_pack.plan import HEALTH_START, UID
+from gpux_pack.runtime.paths import CACHE_DIR
 from gpux_pack.providers import DEVICES
 from gpux_pack.registry import remote
 from gpux_pack.registry.push import digest_of
@@ -134,7 +135,7 @@ _QUANTITY = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
                        r"(?:[eE](?P<exponent>[+-]?[0-9]{1,2})|(?P<suffix>[KMGTPE]i|[mkMGTPE]))?")
 _SUFFIX = {"m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
            "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-           **{f"{p}i": Decimal(2) ** (10 * (i + 1)) for i, p in enumerate("KMGTPE")}}  # fmt: skip
+           **{f"{p}i": Decimal(2) ** (10 * (i + 1)) for i, p in enumerate("KMGTPE")}}
 # a PersistentVolumeClaim's name: a DNS-1123 subdomain
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -251,7 +252,7 @@ def compose(s: Subject, sc: Scaling = Scaling()) -> dict[str, Any]:
     device = DEVICES.get(s.device or "")
     if device and device.gpus:  # Compose's GPU reservation (the NVIDIA runtime)
         deploy["resources"] = {"reservations": {"devices": [
-            {"driver": s.device, "count": device.gpus, "capabilities": ["gpu"]}]}}  # fmt: skip
+            {"driver": s.device, "count": device.gpus, "capabilities": ["gpu"]}]}}
     if deploy:
         service["deploy"] = deploy
     if device and device.devices:
@@ -279,7 +280,7 @@ LIVENESS = {"exec": {"command": ["python3", "-m", "gpux_runtime", "healthcheck",
 
 def _labels(s: Subject) -> dict[str, str]:
     return {"app.kubernetes.io/name": s.name, "app.kubernetes.io/component": "inference",
-            "app.kubernetes.io/managed-by": "gpux-pack"}  # fmt: skip
+            "app.kubernetes.io/managed-by": "gpux-pack"}
 
 
 def _container(s: Subject, sc: Scaling, name: str, ports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -297,12 +298,12 @@ def _container(s: Subject, sc: Scaling, name: str, ports: list[dict[str, Any]]) 
         "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR}],
-    })  # fmt: skip
+    })
     cpu, memory = resources(s, sc)
     wanted = {"cpu": _cpu(cpu), "memory": _bytes(memory)}
     device = DEVICES.get(s.device or "")
     container["resources"] = {"requests": dict(wanted), "limits": {
-        **wanted, **({device.kubernetes: 1} if device and device.kubernetes else {})}}  # fmt: skip
+        **wanted, **({device.kubernetes: 1} if device and device.kubernetes else {})}}
     return container
 
 
@@ -315,11 +316,11 @@ def _pod(sc: Scaling, labels: dict[str, str], containers: list[dict[str, Any]]) 
         "containers": containers,
         "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
                     {"name": "cache", **cache}],
-    }  # fmt: skip
+    }
     if sc.several:  # replicas on different nodes where the scheduler can: a node's loss takes one
         pod["topologySpreadConstraints"] = [{
             "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": labels}, "matchLabelKeys": ["pod-template-hash"]}]  # fmt: skip
+            "labelSelector": {"matchLabels": labels}, "matchLabelKeys": ["pod-template-hash"]}]
     return pod
 
 
@@ -330,12 +331,12 @@ def _scale_out(s: Subject, sc: Scaling, labels: dict[str, str]) -> list[dict[str
     if sc.several:
         docs.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                      "metadata": {"name": s.name, "labels": _labels(s)},
-                     "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}}})  # fmt: skip
+                     "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}}})
     if sc.cache_claim:
         docs.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                      "metadata": {"name": sc.cache_claim, "labels": _labels(s)},
                      "spec": {"accessModes": ["ReadWriteMany"],
-                              "resources": {"requests": {"storage": _bytes(sc.cache_bytes)}}}})  # fmt: skip
+                              "resources": {"requests": {"storage": _bytes(sc.cache_bytes)}}}})
     return docs
 
 
@@ -353,13 +354,13 @@ def kubernetes(s: Subject, sc: Scaling = Scaling()) -> list[dict[str, Any]]:
         "spec": {**replicas, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels},
                               "spec": _pod(sc, labels, [_container(s, sc, "model", ports)])}},
-    }  # fmt: skip
+    }
     service = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": s.name, "labels": labels},
         "spec": {"selector": labels, "ports": [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"],
                                                 "protocol": "TCP"} for p in ports]},
-    }  # fmt: skip
+    }
     docs = [deployment, service]
     if sc.autoscaled:
         docs.append({
@@ -369,7 +370,7 @@ def kubernetes(s: Subject, sc: Scaling = Scaling()) -> list[dict[str, Any]]:
                      "minReplicas": sc.replicas, "maxReplicas": sc.max_replicas,
                      "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
                          "type": "Utilization", "averageUtilization": CPU_TARGET}}}]},
-        })  # fmt: skip
+        })
     return docs + _scale_out(s, sc, labels)
 
 
@@ -383,7 +384,7 @@ def kserve(s: Subject, sc: Scaling = Scaling()) -> list[dict[str, Any]]:
     container["env"] = [{"name": "PROTOCOL", "value": "v2"}]
     autoscale = {"scaleMetric": "cpu", "scaleTarget": CPU_TARGET} if sc.autoscaled else {}
     predictor = {"minReplicas": sc.replicas, "maxReplicas": sc.max_replicas, **autoscale, "labels": labels,
-                 **_pod(sc, labels, [container])}  # fmt: skip
+                 **_pod(sc, labels, [container])}
     isvc = {
         "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
         "metadata": {"name": s.name, "labels": labels, "annotations": {
@@ -391,7 +392,7 @@ def kserve(s: Subject, sc: Scaling = Scaling()) -> list[dict[str, Any]]:
             "serving.kserve.io/enable-prometheus-scraping": "true",
             "prometheus.kserve.io/port": str(s.port), "prometheus.kserve.io/path": "/metrics"}},
         "spec": {"predictor": predictor},
-    }  # fmt: skip
+    }
     return [isvc, *_scale_out(s, sc, labels)]
 
 

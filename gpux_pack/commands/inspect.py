@@ -1,6 +1,7 @@
 """`gpux-pack inspect PATH|MODEL.onnx`: what a project or a model file holds, without Docker (GPUX's
 `inspect`): the model's inputs, outputs, opsets and size; for a project also what gpux.yml
-declares, what the image will serve and the build's notes. Images are read in cli.py (labels)."""
+declares, what the image will serve and the build's notes. An image: its gpux labels, from this
+engine or else from the registry its name gives."""
 
 from __future__ import annotations
 
@@ -8,9 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from gpux_pack.plan import notes
+from gpux_pack.registry import remote
 from gpux_pack.project.config import model_name
 from gpux_pack.project.load import load_project
 from gpux_pack.project.model import ModelInfo, inspect_model, reconcile
+
+
+def of_image(client: Any, image: str) -> dict[str, Any]:
+    """An image's gpux labels (on this engine, else in its registry)."""
+    found = remote.read(client, image, built_by_us=False)
+    return {"image": image, "id": found.id, "size_bytes": found.size_bytes, "labels": found.shown,
+            "registry_digest": found.pinned}
 
 
 def of_path(path: Path) -> dict[str, Any]:
@@ -23,7 +32,7 @@ def of_path(path: Path) -> dict[str, Any]:
     signature = reconcile(project, model)
     cfg = project.config
     declared = {side: [t.to_json() for t in getattr(cfg, side)] if getattr(cfg, side) is not None else None
-                for side in ("inputs", "outputs")}  # fmt: skip
+                for side in ("inputs", "outputs")}
     return {
         "project": {"config": project.display, "name": cfg.name, "model_name": model_name(cfg.name),
                     "version": cfg.version, "description": cfg.description},
@@ -32,14 +41,14 @@ def of_path(path: Path) -> dict[str, Any]:
         "outputs": _tensors(signature.outputs),
         "declared": declared,
         "notes": list(notes(project, signature)),
-    }  # fmt: skip
+    }
 
 
 def _model(model: ModelInfo) -> dict[str, Any]:
     return {"path": str(model.path), "files": list(model.files), "size_bytes": model.size_bytes,
             "size_mb": round(model.size_bytes / (1024 * 1024), 2), "sha256": model.sha256,
             "ir_version": model.ir_version, "opsets": model.opsets, "producer": model.producer,
-            "nodes": model.nodes}  # fmt: skip
+            "nodes": model.nodes}
 
 
 def _tensors(specs: Any) -> list[dict[str, Any]]:
@@ -48,13 +57,17 @@ def _tensors(specs: Any) -> list[dict[str, Any]]:
 
 def lines(info: dict[str, Any]) -> list[str]:
     """The text `inspect` prints."""
+    if "labels" in info:  # an image
+        where = f" (in its registry, compressed: {info['registry_digest']})" if info["registry_digest"] else ""
+        return [f"{info['image']}  {info['id']}  {(info['size_bytes'] or 0) / 1e6:.0f} MB{where}",
+                *(f"  {key}: {value}" for key, value in info["labels"].items())]
     model, out = info["model"], []
     if "project" in info:
         p = info["project"]
         out.append(f"{p['name']} {p['version']}  ({p['config']}; serves as {p['model_name']})")
     out.append(f"model  {model['path']}  {model['size_mb']} MB  IR {model['ir_version']}  opsets "
                + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(model["opsets"].items()))
-               + (f"  by {model['producer']}" if model["producer"] else ""))  # fmt: skip
+               + (f"  by {model['producer']}" if model["producer"] else ""))
     for side in ("inputs", "outputs"):
         out.append(f"{side}:")
         for t in info[side]:

@@ -20,12 +20,15 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpux_pack import engine
-from gpux_pack.commands import run, serve
+from gpux_pack.engine import containers
+from gpux_pack.pipeline import local
 from gpux_pack.engine import image_labels
 from gpux_pack.errors import PackError, UsageError
 from gpux_pack.runtime.dtypes import BINARY_ONLY, DTYPES, V2_TO_NAME
-from gpux_pack.runtime.tensors import (RequestError, TensorSpec, bf16_to_float32, check_shape, float32_to_bf16,
-                                       from_binary, split_binary, to_array, to_binary)
+from gpux_pack.runtime.tensors import (RequestError, ServedTensor, bf16_to_float32, check_shape, float32_to_bf16,
+                                       from_binary, to_array, to_binary)
+from gpux_pack.runtime.warmup import generated_inputs
+from gpux_pack.runtime.v2 import split_binary
 from gpux_pack.ui import Reporter
 
 MAX_RESPONSE_BYTES = 1 << 31  # what one answer may hold before it is refused (2 GiB)
@@ -66,7 +69,7 @@ def read_inputs(items: list[str]) -> list[Given]:
                 given += _inline(file, name, what)  # name=[[1, 2]]: inline JSON values
                 continue
             raise UsageError(f"{what}: expected NAME=FILE.npy, NAME=FILE.json, FILE.json, @FILE.json, inline JSON "
-                             "({\"NAME\": values}) or NAME=[values]")  # fmt: skip
+                             "({\"NAME\": values}) or NAME=[values]")
         try:
             if path.suffix.lower() == ".npy":
                 if not name:
@@ -92,7 +95,7 @@ def _inline(text: str, name: str, what: str) -> list[Given]:
         value = json.loads(text)
     except ValueError as e:
         raise UsageError(f"{what}: expected NAME=FILE.npy, NAME=FILE.json or inline JSON such as NAME=[[1, 2]] "
-                         f"(not JSON: {' '.join(str(e).split())[:120]})") from None  # fmt: skip
+                         f"(not JSON: {' '.join(str(e).split())[:120]})") from None
     if name:
         return [Given(name, value, what)]
     if not isinstance(value, dict) or not value:
@@ -113,7 +116,7 @@ def _once(given: list[Given]) -> list[Given]:
     return given
 
 
-def feeds(specs: list[TensorSpec], given: list[Given]) -> dict[str, np.ndarray]:
+def feeds(specs: list[ServedTensor], given: list[Given]) -> dict[str, np.ndarray]:
     """The arrays to send, checked as the image's runtime checks a request (dtype, rank, fixed
     and named dimensions), so a mistake is found before any container starts."""
     by_name = {s.name: s for s in specs}
@@ -124,7 +127,7 @@ def feeds(specs: list[TensorSpec], given: list[Given]) -> dict[str, np.ndarray]:
             spec = by_name.get(g.name)
             if spec is None:
                 raise RequestError(f"{g.source}: the model has no input '{g.name}'; its inputs are: "
-                                   f"{', '.join(by_name)}")  # fmt: skip
+                                   f"{', '.join(by_name)}")
             arr = _array(spec, g.value, g.source)
             check_shape(spec, arr, g.source, dims)
             out[g.name] = arr
@@ -136,7 +139,7 @@ def feeds(specs: list[TensorSpec], given: list[Given]) -> dict[str, np.ndarray]:
     return out
 
 
-def _array(spec: TensorSpec, value: Any, what: str) -> np.ndarray:
+def _array(spec: ServedTensor, value: Any, what: str) -> np.ndarray:
     if spec.dtype in BINARY_ONLY:  # BF16: given as numbers, sent as its bit patterns
         try:
             floats = np.asarray(value, dtype=np.float32)
@@ -156,13 +159,13 @@ def _array(spec: TensorSpec, value: Any, what: str) -> np.ndarray:
 
 
 @contextmanager
-def _loaded(path: Path, flag: str | None, ui: Reporter) -> Iterator[tuple[Any, serve.Staged]]:
+def _loaded(path: Path, flag: str | None, ui: Reporter) -> Iterator[tuple[Any, local.Staged]]:
     """The project staged as `serve` stages it, its model loaded by the image's runtime here."""
     from gpux_pack.runtime.session import Model, StartupError
     from gpux_pack.runtime.settings import Settings
 
     with tempfile.TemporaryDirectory(prefix="gpux-predict-") as tmp:
-        staged = serve.stage(path, flag, Path(tmp), ui)
+        staged = local.stage(path, flag, Path(tmp), ui)
         try:
             model = Model.load(Settings.load(staged.env(GPUX_LOG_LEVEL="warning")), warm_up=False)
         except StartupError as e:
@@ -183,14 +186,32 @@ def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -
 STATISTICS = ("mean", "std", "min", "max", "median", "p95", "p99")  # GPUX's `run --benchmark`, in ms
 
 
-def benchmark(path: Path, flag: str | None, given: list[Given], runs: int, warmup: int, ui: Reporter) -> dict[str, Any]:
+def predict(target: str, flag: str | None, given: list[Given], ui: Reporter, timeout: float, cpu_fallback: bool,
+            pull: str) -> dict[str, Any]:
+    """One inference: in this process for a project (a folder or gpux.yml), else over KServe v2 for an image."""
+    if not given:
+        raise UsageError("--input: give the model's inputs (NAME=FILE, FILE.json or inline JSON)")
+    if Path(target).exists():
+        return in_process(Path(target), flag, given, ui)
+    if target.startswith(("/", "./", "../", "~")) or target.endswith((".yml", ".yaml")):
+        raise UsageError(f"{target}: no such file or folder")
+    if flag:
+        raise UsageError("--provider: an image serves with its own provider")
+    return from_image(target, given, ui, timeout, cpu_fallback, pull)
+
+
+def benchmark(target: str, flag: str | None, given: list[Given], runs: int, warmup: int,
+              ui: Reporter) -> dict[str, Any]:
     """GPUX's `run --benchmark`: the model in this process on this machine's onnxruntime and
     provider, `warmup` untimed runs, then `runs` timed ones (the --input given, else the inputs
     the image's warmup makes). GPUX's keys: <statistic>_time_ms and throughput_fps (1 / mean)."""
     import time
 
-    with _loaded(path, flag, ui) as (model, staged):
-        arrays = feeds(model.inputs, given) if given else model.warmup_feeds()[0]
+    if not Path(target).exists():
+        raise UsageError(f"{target}: --benchmark times a project's model in this process; for an image, "
+                         "gpux-pack bench IMAGE")
+    with _loaded(Path(target), flag, ui) as (model, staged):
+        arrays = feeds(model.inputs, given) if given else generated_inputs(model)[0]
         times = np.empty(runs)
         try:
             for _ in range(warmup):
@@ -206,7 +227,7 @@ def benchmark(path: Path, flag: str | None, given: list[Given], runs: int, warmu
     out: dict[str, Any] = {f"{name}_time_ms": round(float(v), 4) for name, v in zip(STATISTICS, values)}
     out["throughput_fps"] = round(1000 / max(float(ms.mean()), 1e-9), 2)
     return {**out, "runs": runs, "warmup": warmup, "provider": model.active[0] if model.active else staged.provider,
-            "reason": staged.reason, "inputs": {name: list(a.shape) for name, a in arrays.items()}}  # fmt: skip
+            "reason": staged.reason, "inputs": {name: list(a.shape) for name, a in arrays.items()}}
 
 
 def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
@@ -220,15 +241,15 @@ def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
     started = None
     if running is None:
         ui.info(f"starting {ref} (no running container of it publishes port {image.port})")
-        started = run.start(client, ref, ui, cpu_fallback=cpu_fallback, timeout=timeout)
+        started = containers.start_container(client, ref, ui, cpu_fallback=cpu_fallback, timeout=timeout)
         url = started.url
     else:
         container, url = running
-        run.wait_ready(container, url, timeout)  # it may still be warming up
+        containers.wait_ready(container, url, timeout)  # it may still be warming up
     try:
         meta = _get(f"{url}/v2/models/{image.model_name}")
-        specs = [TensorSpec(t["name"], V2_TO_NAME.get(t["datatype"], t["datatype"]),
-                            tuple(t["shape"])) for t in meta["inputs"]]  # fmt: skip
+        specs = [ServedTensor(t["name"], V2_TO_NAME.get(t["datatype"], t["datatype"]),
+                            tuple(t["shape"])) for t in meta["inputs"]]
         return infer(url, image.model_name, feeds(specs, given), specs, timeout)
     finally:
         if started is not None:
@@ -247,7 +268,7 @@ def _running(client: Any, image: Any) -> tuple[Any, str] | None:
     return None
 
 
-def infer(url: str, name: str, arrays: dict[str, np.ndarray], specs: list[TensorSpec],
+def infer(url: str, name: str, arrays: dict[str, np.ndarray], specs: list[ServedTensor],
           timeout: float) -> dict[str, Any]:
     """One v2 infer with every input and output as binary data (KServe's binary extension)."""
     kinds = {s.name: s for s in specs}
@@ -257,11 +278,11 @@ def infer(url: str, name: str, arrays: dict[str, np.ndarray], specs: list[Tensor
         blob = to_binary(arr, datatype)
         blobs.append(blob)
         inputs.append({"name": key, "datatype": datatype, "shape": list(arr.shape),
-                       "parameters": {"binary_data_size": len(blob)}})  # fmt: skip
+                       "parameters": {"binary_data_size": len(blob)}})
     head = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
     request = urllib.request.Request(f"{url}/v2/models/{name}/infer", data=head + b"".join(blobs), method="POST",
                                      headers={"Content-Type": "application/octet-stream",
-                                              "Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+                                              "Inference-Header-Content-Length": str(len(head))})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             body = r.read(MAX_RESPONSE_BYTES + 1)
@@ -281,7 +302,7 @@ def infer(url: str, name: str, arrays: dict[str, np.ndarray], specs: list[Tensor
         if size is None:
             out[o["name"]] = np.asarray(o.get("data")).reshape(shape)
             continue
-        spec = TensorSpec(o["name"], V2_TO_NAME.get(o["datatype"], o["datatype"]), shape)
+        spec = ServedTensor(o["name"], V2_TO_NAME.get(o["datatype"], o["datatype"]), shape)
         count = int(np.prod(shape, dtype=np.int64))
         out[o["name"]] = from_binary(spec, data[offset: offset + size], count, o["name"]).reshape(shape)
         offset += size
@@ -290,7 +311,7 @@ def infer(url: str, name: str, arrays: dict[str, np.ndarray], specs: list[Tensor
     return out
 
 
-def readable(outputs: dict[str, Any], specs: list[TensorSpec]) -> dict[str, Any]:
+def readable(outputs: dict[str, Any], specs: list[ServedTensor]) -> dict[str, Any]:
     """The outputs as a user reads them: BF16 bit patterns as their float32 values."""
     kinds = {s.name: s.dtype for s in specs}
     return {k: bf16_to_float32(v) if kinds.get(k) in BINARY_ONLY else v for k, v in outputs.items()}
@@ -338,3 +359,11 @@ def save(outputs: dict[str, Any], output: Path | None) -> list[Path]:
         return written
     except OSError as e:
         raise UsageError(f"--output {output}: {e.strerror or e}") from None
+
+
+def benchmark_lines(result: dict[str, Any]) -> list[str]:
+    """`predict --benchmark` without --json."""
+    out = [f"{result['runs']} runs after {result['warmup']} warmup runs on {result['provider']} ({result['reason']})"]
+    out += [f"  {key[:-8]:<10} {value:>12.4f} ms" for key, value in result.items() if key.endswith("_time_ms")]
+    out.append(f"  {'throughput':<10} {result['throughput_fps']:>12.2f} runs/s")
+    return out

@@ -57,7 +57,7 @@ def inspect_base(client: Any, base: BaseImage, platform: str | None, python: str
     return replace(base, python=found or python or base.python, glibc=glibc, arch=machine, probed=True,
                    id=attrs["Id"], rootfs=str(root), ld_library_path=tuple(library_path(attrs)),
                    interpreter=python_path(root) or "",
-                   workdir=(attrs.get("Config") or {}).get("WorkingDir") or "")  # fmt: skip
+                   workdir=(attrs.get("Config") or {}).get("WorkingDir") or "")
 
 
 def export(client: Any, image: str, log: Callable[[str], None] | None = None) -> Path:

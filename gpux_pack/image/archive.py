@@ -1,7 +1,7 @@
 """The archive `docker load` reads (the docker-save layout), written as a stream: each new
 layer's tar, the image config, and manifest.json. Layers the engine already holds (the
 parent's) are named in the manifest but not sent: the engine skips every layer whose chain it
-has. Imports nothing heavy, so a model-only rebuild (commands/rebuild.py) writes it too."""
+has. Imports nothing heavy, so a model-only rebuild (pipeline/rebuild.py) writes it too."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def chunks(images: list[Loadable]) -> Iterator[bytes]:
             yield _padding(lay.size)
         yield _member_header(config_name, len(image.config)) + image.config + _padding(len(image.config))
         manifest.append({"Config": config_name, "RepoTags": [repo_tag(image.tag)] if image.tag else None,
-                         "Layers": paths})  # fmt: skip
+                         "Layers": paths})
     data = json.dumps(manifest).encode()
     yield _member_header("manifest.json", len(data)) + data + _padding(len(data))
     yield b"\0" * 1024

@@ -55,9 +55,9 @@ class Image:
                 "comment": h.get("Comment") or None, "empty_layer": (not added) or None,
             }.items() if v is not None}
             for h, added in zip(parent, adds)
-        ]  # fmt: skip
+        ]
         history += [{"created": self.created, "created_by": by, **({"empty_layer": True} if empty else {})}
-                    for by, empty in self.history]  # fmt: skip
+                    for by, empty in self.history]
         doc: dict[str, Any] = {
             "architecture": self.parent.get("Architecture") or "amd64",
             "os": self.parent.get("Os") or "linux",
@@ -66,7 +66,7 @@ class Image:
             "rootfs": {"type": "layers",
                        "diff_ids": [*self.parent["RootFS"]["Layers"], *(layer.diff_id for layer in self.layers)]},
             "history": history,
-        }  # fmt: skip
+        }
         if self.parent.get("Variant"):
             doc["variant"] = self.parent["Variant"]
         return config_bytes(doc)
@@ -79,7 +79,7 @@ ASSEMBLED = "gpux-pack (assembled, nothing ran): "  # how an assembled image's h
 _INSTRUCTION = re.compile(r"^(?:/bin/sh -c #\(nop\)|" + re.escape(ASSEMBLED.strip()) + r")?\s*([A-Za-z]+)")
 _TIERS = {"ADD": 1, "COPY": 1, "WORKDIR": 2, **{word: 4 for word in (  # 3: RUN and anything else
     "ENV", "LABEL", "EXPOSE", "USER", "CMD", "ENTRYPOINT", "HEALTHCHECK", "ARG", "SHELL", "STOPSIGNAL", "VOLUME",
-    "ONBUILD", "MAINTAINER")}}  # fmt: skip
+    "ONBUILD", "MAINTAINER")}}
 
 
 def adds_layer(history: list[dict[str, Any]], layers: int) -> list[bool]:
@@ -122,7 +122,7 @@ def of_members(layer: Layer, members: list[layer_tar.Member], uname: bytes) -> L
     members = layer_tar.walk_order(members)
     layer_tar.check(members)
     return LayerTar(layer.name, members, layer_tar.digest(members, uname), layer_tar.size_of(members),
-                    layer.instruction, uname)  # fmt: skip
+                    layer.instruction, uname)
 
 
 def derive_config(parent: dict[str, Any], labels: dict[str, str], image: ImageConfig | None = None,
@@ -149,7 +149,7 @@ def derive_config(parent: dict[str, Any], labels: dict[str, str], image: ImageCo
             "Test": ["CMD", *image.healthcheck], "Interval": image.health_interval * NS,
             "Timeout": image.health_timeout * NS, "StartPeriod": image.health_start * NS,
             "Retries": image.health_retries,
-        }  # fmt: skip
+        }
         config["Entrypoint"] = list(image.entrypoint)
         config["Cmd"] = list(image.cmd)
     if ports:
@@ -189,7 +189,7 @@ def load(client: Any, images: list[Loadable]) -> str:
         first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
         if isinstance(e, (requests.ConnectionError, ConnectionError)):  # the engine went away mid-load
             raise DockerError(f"lost the Docker engine while loading the assembled image ({first}); no tag moved: "
-                              "check that the engine runs, then build again") from None  # fmt: skip
+                              "check that the engine runs, then build again") from None
         if isinstance(e, OSError) and not isinstance(e, requests.RequestException):  # this host's files
             raise PackError(f"cannot read the assembled image's files: {e.strerror or first}") from None
         raise DockerError(f"the engine refused the assembled image: {first}") from None
@@ -207,7 +207,7 @@ def load(client: Any, images: list[Loadable]) -> str:
 
 _PROBE_DOCKERFILE = b"FROM scratch\nADD probe.tar /\nADD owned.tar /\n"
 _PROBE_OWNED = [layer_tar.Member("opt", 0o755, MTIME), layer_tar.Member("opt/gpux", 0o755, MTIME),
-                layer_tar.Member("opt/gpux/cache", 0o755, MTIME, uid=UID, gid=UID)]  # fmt: skip
+                layer_tar.Member("opt/gpux/cache", 0o755, MTIME, uid=UID, gid=UID)]
 _PROBE = Layer("probe", "/")
 
 
@@ -218,9 +218,9 @@ def probe_context() -> Context:
     probe = [layer_tar.Member("opt/gpux/a.so", 0o755, MTIME, data=b"\x7fELF" + b"x" * 700),
              layer_tar.Member("opt/gpux/a/b.py", 0o644, MTIME, data=b""),
              layer_tar.Member("opt/gpux/a-b.py", 0o644, MTIME, data=b"x = 1\n"),
-             layer_tar.Member(long_name, 0o644, MTIME, data=b"print('gpux')\n")]  # fmt: skip
+             layer_tar.Member(long_name, 0o644, MTIME, data=b"print('gpux')\n")]
     return Context((Entry("Dockerfile", data=_PROBE_DOCKERFILE), Entry("owned.tar", members=tuple(_PROBE_OWNED)),
-                    layer(_PROBE, probe)))  # fmt: skip
+                    layer(_PROBE, probe)))
 
 
 def engine_uname(client: Any) -> bytes | None:
@@ -273,7 +273,7 @@ def _probe(client: Any, cached: Path) -> bytes | None:
     try:
         with temporary_tar(ctx) as fileobj:
             for event in client.api.build(fileobj=fileobj, custom_context=True, rm=True, forcerm=True, decode=True,
-                                          labels={"io.gpux.pack.role": "engine-check"}):  # fmt: skip
+                                          labels={"io.gpux.pack.role": "engine-check"}):
                 if "aux" in event and isinstance(event["aux"], dict):
                     image_id = event["aux"].get("ID", image_id)
                 m = re.match(r"Successfully built ([0-9a-f]+)", (event.get("stream") or "").strip())

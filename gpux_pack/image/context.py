@@ -135,13 +135,13 @@ def _runtime_base_entries(installed: Installed) -> list[Entry]:
     site, runtime = LAYERS["packages"].lands, LAYERS["runtime"].lands
     packages = [_file(f"{site}/{path.relative_to(installed.path).as_posix()}", source=path,
                       mode=0o755 if path.stat().st_mode & 0o111 else 0o644)
-                for path in sorted(installed.path.rglob("*")) if path.is_file() and not path.is_symlink()]  # fmt: skip
+                for path in sorted(installed.path.rglob("*")) if path.is_file() and not path.is_symlink()]
     code = [_file(f"{runtime}/{src.name}", source=src) for src in runtime_files()]
     if installed.compiled:
         code += [_file(f"{runtime}/{name}", data=data) for name, data in bytecode(runtime_files(), runtime)]
     cache = LAYERS["cache"]
     return [layer(LAYERS["packages"], packages), layer(LAYERS["runtime"], code),
-            Entry(cache.source, members=tuple(cache_members()))]  # fmt: skip
+            Entry(cache.source, members=tuple(cache_members()))]
 
 
 def cache_members(uid: int = UID) -> list[layer_tar.Member]:

@@ -19,7 +19,8 @@ import jinja2
 
 from gpux_pack import __version__
 from gpux_pack.image.layout import LAYERS
-from gpux_pack.plan import APP_DIR, PYTHON, SITE, ImageConfig, Plan, RuntimeBase
+from gpux_pack.plan import PYTHON, ImageConfig, Plan, RuntimeBase
+from gpux_pack.runtime.paths import APP_DIR, SITE
 from gpux_pack.providers import Provider
 from gpux_pack.reference import parse_reference
 from gpux_pack.sources import templates_dir
@@ -124,7 +125,7 @@ def link_check_command(provider: Provider) -> str:
 
 
 def _render(provider: Provider, image: ImageConfig, **values: Any) -> str:
-    template = environment().get_template(provider.template_name)
+    template = environment().get_template("base.Dockerfile.j2")
     text = template.render(
         pack_version=__version__,
         provider=provider,

@@ -29,7 +29,7 @@ ASSEMBLED = assembler.ASSEMBLED  # how an assembled image's history lines begin
 
 
 @dataclass(frozen=True)
-class Job:
+class Recipe:
     """One image to make: layers of a context on a parent, and what its Dockerfile sets."""
 
     tag: str | None  # None: untagged (a baked warmup will tag the warmed image)
@@ -48,7 +48,7 @@ class Job:
     building: str = ""  # {mb}: the context's size
 
 
-def runtime_base_job(runtime_base: RuntimeBase, context: Context) -> Job:
+def runtime_base_recipe(runtime_base: RuntimeBase, context: Context) -> Recipe:
     config = runtime_base.config
     tag = runtime_base.tag
     history = (
@@ -58,28 +58,28 @@ def runtime_base_job(runtime_base: RuntimeBase, context: Context) -> Job:
         (f"HEALTHCHECK CMD {json.dumps(list(config.healthcheck))}", True),
         (f"ENTRYPOINT {json.dumps(list(config.entrypoint))}", True), (f"CMD {json.dumps(list(config.cmd))}", True),
         ("LABEL (the runtime base image's labels)", True),
-    )  # fmt: skip
-    return Job(tag=tag, shown=tag, parent=runtime_base.base.image, context=context, layers=RUNTIME_BASE,
+    )
+    return Recipe(tag=tag, shown=tag, parent=runtime_base.base.image, context=context, layers=RUNTIME_BASE,
                labels=runtime_base.labels, history=history, created=created_now(), config=config,
                runs_nothing=runtime_base.runs_nothing, platform=runtime_base.platform,
                assembling=f"assembling the runtime base image {tag} ({{mb:.0f}} MB of layers; nothing runs)",
-               building=f"building the runtime base image {tag} ({{mb:.0f}} MB context)")  # fmt: skip
+               building=f"building the runtime base image {tag} ({{mb:.0f}} MB context)")
 
 
-def model_job(plan: Plan, context: Context, tagged: bool = True) -> Job:
+def model_recipe(plan: Plan, context: Context, tagged: bool = True) -> Recipe:
     """A model image on its runtime base image; untagged when a baked warmup will tag it."""
     history = (("EXPOSE " + " ".join(map(str, plan.ports)), True),
                *((LAYERS[name].instruction, False) for name in MODEL), ("LABEL (the model image's labels)", True))
-    return Job(tag=plan.tag if tagged else None, shown=plan.tag, parent=plan.runtime_base.tag, context=context,
+    return Recipe(tag=plan.tag if tagged else None, shown=plan.tag, parent=plan.runtime_base.tag, context=context,
                layers=MODEL, labels=plan.labels, history=history, created=plan.created, ports=plan.ports,
                platform=plan.platform,
                assembling=f"assembling {plan.tag} ({plan.provider.name}, {{mb:.1f}} MB of layers; nothing runs)",
-               building=f"building {plan.tag} ({plan.provider.name}, {{mb:.0f}} MB context)")  # fmt: skip
+               building=f"building {plan.tag} ({plan.provider.name}, {{mb:.0f}} MB context)")
 
 
 class Maker(Protocol):
-    def make(self, job: Job) -> BuiltImage:
-        """The image of a job."""
+    def make(self, recipe: Recipe) -> BuiltImage:
+        """The image of a recipe."""
 
     def derive(self, parent: str, tag: str, members: list[layer_tar.Member], labels: dict[str, str],
                note: str) -> BuiltImage:
@@ -93,18 +93,18 @@ class Assembler:
     def __init__(self, client: Any, ui: Reporter, uname: bytes):
         self.client, self.ui, self.uname = client, ui, uname
 
-    def make(self, job: Job) -> BuiltImage:
+    def make(self, recipe: Recipe) -> BuiltImage:
         started = time.perf_counter()
-        tars = [assembler.layer_of(job.context, LAYERS[name], self.uname) for name in job.layers]
-        parent, history = inspect_parent(self.client, job.parent)
+        tars = [assembler.layer_of(recipe.context, LAYERS[name], self.uname) for name in recipe.layers]
+        parent, history = inspect_parent(self.client, recipe.parent)
         image = assembler.Image(
-            tag=job.tag, parent=parent, parent_history=history, layers=tars,
-            config=assembler.derive_config(parent, job.labels, job.config, job.ports),
-            history=[(f"{ASSEMBLED}{text}", empty) for text, empty in job.history], created=job.created,
-        )  # fmt: skip
-        self.ui.info(job.assembling.format(mb=sum(x.size for x in tars) / 1e6))
+            tag=recipe.tag, parent=parent, parent_history=history, layers=tars,
+            config=assembler.derive_config(parent, recipe.labels, recipe.config, recipe.ports),
+            history=[(f"{ASSEMBLED}{text}", empty) for text, empty in recipe.history], created=recipe.created,
+        )
+        self.ui.info(recipe.assembling.format(mb=sum(x.size for x in tars) / 1e6))
         loaded = assembler.loadable(image)
-        return self._loaded(job.shown, assembler.load(self.client, [loaded]), started, loaded)
+        return self._loaded(recipe.shown, assembler.load(self.client, [loaded]), started, loaded)
 
     def derive(self, parent: str, tag: str, members: list[layer_tar.Member], labels: dict[str, str],
                note: str) -> BuiltImage:
@@ -118,14 +118,14 @@ class Assembler:
             history=[(f"{ASSEMBLED}{warm.instruction} ({note})", False),
                      (f"{ASSEMBLED}LABEL io.gpux.warmup=baked ...", True)],
             created=created_now(),
-        )  # fmt: skip
+        )
         self.ui.info(f"warmup: assembling {tag} (+1 layer, {tar.size / 1e6:.1f} MB; nothing runs)")
         return self._loaded(tag, assembler.load(self.client, [assembler.loadable(image)]), started)
 
     def _loaded(self, tag: str, image_id: str, started: float, loaded: Loadable | None = None) -> BuiltImage:
         size = self.client.images.get(image_id).attrs.get("Size", 0)
         return BuiltImage(tag=tag, id=image_id, size_bytes=size, seconds=time.perf_counter() - started, steps=0,
-                          cached_steps=0, assembled=True, loaded=loaded)  # fmt: skip
+                          cached_steps=0, assembled=True, loaded=loaded)
 
 
 class Builder:
@@ -134,17 +134,17 @@ class Builder:
     def __init__(self, client: Any, ui: Reporter, no_cache: bool = False):
         self.client, self.ui, self.no_cache = client, ui, no_cache
 
-    def make(self, job: Job) -> BuiltImage:
-        built = builder.build(self.client, job.context, job.tag, self.ui, self.no_cache, job.platform,
-                              title=job.building.format(mb=job.context.size_bytes / 1e6))  # fmt: skip
-        return built if job.tag else replace(built, tag=job.shown)
+    def make(self, recipe: Recipe) -> BuiltImage:
+        built = builder.build(self.client, recipe.context, recipe.tag, self.ui, self.no_cache, recipe.platform,
+                              title=recipe.building.format(mb=recipe.context.size_bytes / 1e6))
+        return built if recipe.tag else replace(built, tag=recipe.shown)
 
     def derive(self, parent: str, tag: str, members: list[layer_tar.Member], labels: dict[str, str],
                note: str) -> BuiltImage:
         context = Context(tuple(sorted([
             Entry("Dockerfile", data=warm_dockerfile(parent, labels).encode()),
             Entry(LAYERS["warm"].source, members=tuple(layer_tar.walk_order(members))),
-        ], key=lambda e: e.name)))  # fmt: skip
+        ], key=lambda e: e.name)))
         return builder.build(self.client, context, tag, self.ui, False, None,
                              title=f"building {tag} (+1 layer: the warmup cache)")
 
@@ -156,13 +156,13 @@ class Fallback:
     def __init__(self, first: Maker, second: Maker, ui: Reporter):
         self.first, self.second, self.ui = first, second, ui
 
-    def make(self, job: Job) -> BuiltImage:
-        if job.runs_nothing:
+    def make(self, recipe: Recipe) -> BuiltImage:
+        if recipe.runs_nothing:
             try:
-                return self.first.make(job)
+                return self.first.make(recipe)
             except layer_tar.Unsupported as e:
                 self.ui.info(f"building with the engine's builder: {e}")
-        return self.second.make(job)
+        return self.second.make(recipe)
 
     def derive(self, parent: str, tag: str, members: list[layer_tar.Member], labels: dict[str, str],
                note: str) -> BuiltImage:
@@ -180,15 +180,15 @@ class OncePerTag:
     def __init__(self, maker: Maker, client: Any, ui: Reporter, reuse: bool):
         self.maker, self.client, self.ui, self.reuse = maker, client, ui, reuse
 
-    def make(self, job: Job) -> BuiltImage:
-        name = hashlib.sha256(job.shown.encode()).hexdigest()[:24]
+    def make(self, recipe: Recipe) -> BuiltImage:
+        name = hashlib.sha256(recipe.shown.encode()).hexdigest()[:24]
         with staging.lock_file(staging.cache_dir() / ".locks" / f"image-{name}.lock"):
-            if self.reuse and image_exists(self.client, job.shown):
-                self.ui.info(f"runtime base image {job.shown} was made by another build meanwhile: using it")
-                image = self.client.images.get(job.shown)
-                return BuiltImage(tag=job.shown, id=image.id, size_bytes=image.attrs.get("Size", 0), seconds=0.0,
-                                  steps=0, cached_steps=0, assembled=True)  # fmt: skip
-            return self.maker.make(job)
+            if self.reuse and image_exists(self.client, recipe.shown):
+                self.ui.info(f"runtime base image {recipe.shown} was made by another build meanwhile: using it")
+                image = self.client.images.get(recipe.shown)
+                return BuiltImage(tag=recipe.shown, id=image.id, size_bytes=image.attrs.get("Size", 0), seconds=0.0,
+                                  steps=0, cached_steps=0, assembled=True)
+            return self.maker.make(recipe)
 
     def derive(self, parent: str, tag: str, members: list[layer_tar.Member], labels: dict[str, str],
                note: str) -> BuiltImage:

@@ -53,7 +53,7 @@ class _Section(BaseModel):
         if isinstance(data, dict):
             fields = cls.model_fields
             return {k: v for k, v in data.items()
-                    if not (v is None and k in fields and fields[k].default is not None)}  # fmt: skip
+                    if not (v is None and k in fields and fields[k].default is not None)}
         return data
 
 
@@ -157,7 +157,7 @@ Seconds = Annotated[
     Field(gt=0, le=MAX_SECONDS),
     WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS},
                               {"type": "string", "pattern": f"^{_DURATION.pattern}$"}]}),
-]  # fmt: skip
+]
 
 
 def _lower(value: Any) -> Any:

@@ -125,7 +125,7 @@ def load_project(path: Path, strict: bool = False) -> Project:
     if repeated and strict:
         raise ConfigError(display, _dotted(repeated[0][0]), "duplicate key", repeated[0][1])
     notes = [f"{display}:{line}: {_dotted(path)}: duplicate key; the last one counts, as YAML readers take it"
-             for path, line in repeated]  # fmt: skip
+             for path, line in repeated]
     notes += [] if strict else _leave_out(data, lines, display)
     notes += [f"{_where(display, lines, p)}: {why}" for p, why in _not_acted_on(data)]
     try:
@@ -152,14 +152,14 @@ def _expand(value: Any, path: tuple[Any, ...], used: dict[str, str | None], line
         inner = _VARIABLE_NAME.fullmatch(m.group(1) or "")
         if m.group(1) is None or inner is None:
             raise ConfigError(display, _dotted(path), f"{_cut(m.group(0))} is not a variable: write ${{NAME}}, "
-                                                      "${NAME:-default}, or $$ for a $", _line(lines, path))  # fmt: skip
+                                                      "${NAME:-default}, or $$ for a $", _line(lines, path))
         name, how, default = inner.groups()
         found = os.environ.get(name)
         used[name] = found
         if found is None or (how == ":-" and found == ""):
             if how is None:
                 raise ConfigError(display, _dotted(path), f"${{{name}}} is not set in the environment (give it a "
-                                                          f"value, or a default: ${{{name}:-...}})", _line(lines, path))  # fmt: skip
+                                                          f"value, or a default: ${{{name}:-...}})", _line(lines, path))
             return default
         return found
 
@@ -202,13 +202,13 @@ def _unknown(data: Any, t: Any, path: tuple[Any, ...]) -> list[tuple[tuple[Any, 
                 found.append((where, f"unknown key{hint(str(key), t.model_fields)}"))
             elif key == "type" and t is TensorSpec and value is not None and canonical(str(value)) is None:
                 found.append((where, f"'{_cut(str(value))[1:-1]}' is not a tensor element type{hint(str(value), DTYPES)}; "
-                                     "the model's is used"))  # fmt: skip
+                                     "the model's is used"))
             elif path == ("runtime", "gpu") and key == "backend" and provider_alias(value) in NOT_FOR_LINUX:
                 found.append((where, f"{NOT_FOR_LINUX[str(provider_alias(value))]} and the image is for Linux; "
-                                     "auto decides instead"))  # fmt: skip
+                                     "auto decides instead"))
             elif path == ("runtime", "gpu") and key == "backend" and provider_alias(value) not in BACKENDS:
                 found.append((where, f"'{_cut(str(value))[1:-1]}' is not a backend gpux-pack knows"
-                                     f"{hint(str(provider_alias(value)), BACKENDS)}; auto decides instead"))  # fmt: skip
+                                     f"{hint(str(provider_alias(value)), BACKENDS)}; auto decides instead"))
             else:
                 found += _unknown(value, field.annotation, where)
         return found

@@ -62,7 +62,7 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
         raise ModelError(shown, "is not an ONNX model (no graph with outputs; truncated or another format?)")
 
     external = list(dict.fromkeys(_external_file(path, shown, t) for t in _all_tensors(proto.graph)
-                                  if external_data_helper.uses_external_data(t)))  # fmt: skip
+                                  if external_data_helper.uses_external_data(t)))
 
     initializers = {init.name for init in proto.graph.initializer}
     initializers |= {s.values.name for s in proto.graph.sparse_initializer}
@@ -113,7 +113,7 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
 # Operators whose output ONNX Runtime may write over their first input when nothing reads it later
 # (its kernels' MayInplace), and those whose output is a view of it: no new buffer either way.
 _IN_PLACE = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "HardSigmoid", "Softplus", "Softsign",
-                       "ThresholdedRelu", "Add", "Sub", "Mul", "Div"})  # fmt: skip
+                       "ThresholdedRelu", "Add", "Sub", "Mul", "Div"})
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
 
@@ -273,7 +273,7 @@ def _external_file(path: Path, shown: str, tensor: Any) -> str:
     if info_stat.st_nlink > 1:  # ONNX refuses it too ("potential hardlink attack"), without saying what to do
         raise ModelError(shown, f"external data file '{location}' has {info_stat.st_nlink} hard links: ONNX refuses "
                                 "hard-linked data (another name could change it unseen); make it a file of its own: "
-                                f"cp {shlex.quote(location)} tmp && mv tmp {shlex.quote(location)}")  # fmt: skip
+                                f"cp {shlex.quote(location)} tmp && mv tmp {shlex.quote(location)}")
     numbers = {}
     for key in ("offset", "length"):
         raw = info.get(key, "0")
@@ -471,7 +471,7 @@ def _merge_shape(
             batch = " and batches requests" if i == 0 else ""
             notes.append(project.note((*where, i), f"{d}, where the graph's dimension is dynamic ({shown}): the graph "
                                                     f"decides, so the image takes any size there{batch}; write -1 or "
-                                                    "a name to say so"))  # fmt: skip
+                                                    "a name to say so"))
         else:
             merged.append(a if isinstance(a, str) else d)
     return tuple(merged)

@@ -92,11 +92,11 @@ class Registry:
             token = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             try:
                 response = self._send(method, f"/v2/{self.path}/{path}", headers={**(headers or {}), **token},
-                                      auth=None if self.token else self._basic(), **kw)  # fmt: skip
+                                      auth=None if self.token else self._basic(), **kw)
             except requests.RequestException as e:
                 raise DockerError(f"registry {self.name} unreachable ({_reason(e)})") from None
             if response.status_code != 401 or attempt == 2 or \
-                    not self._login(response.headers.get("WWW-Authenticate", "")):  # fmt: skip
+                    not self._login(response.headers.get("WWW-Authenticate", "")):
                 return response
         raise AssertionError("unreachable")
 
@@ -122,7 +122,7 @@ class Registry:
             return False
         if not fields["realm"].startswith("https://") and not self.insecure:
             raise DockerError(f"registry {self.name} asks for credentials at {fields['realm']!r}, not HTTPS: "
-                              "refusing to send them in the clear")  # fmt: skip
+                              "refusing to send them in the clear")
         params = {"service": fields.get("service", ""), "scope": f"repository:{self.path}:{self.actions}"}
         try:
             response = requests.get(fields["realm"], params=params, auth=self._basic(), timeout=TIMEOUT)
@@ -143,7 +143,7 @@ class Registry:
         if response.status_code == 404:
             raise KeyError(self._errors(response) or "HTTP 404")
         self.check(response, f"manifest {self.repository}:{reference}" if ":" not in reference else
-                   f"manifest {self.repository}@{reference}")  # fmt: skip
+                   f"manifest {self.repository}@{reference}")
         body = response.content
         digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
         claimed = response.headers.get("Docker-Content-Digest") or digest
@@ -154,13 +154,13 @@ class Registry:
             parsed = json.loads(body)
         except ValueError:
             raise DockerError(f"registry {self.name} returned a manifest for {self.repository} {reference} "
-                              "that is not JSON") from None  # fmt: skip
+                              "that is not JSON") from None
         if not isinstance(parsed, dict):
             raise DockerError(f"registry {self.name} returned a malformed manifest for {self.repository} {reference}")
         media = parsed.get("mediaType") or response.headers.get("Content-Type", "").split(";")[0].strip()
         if media not in MANIFESTS + LISTS and not ("manifests" in parsed or "config" in parsed):
             raise DockerError(f"{self.repository} {reference} is a {media or 'manifest of no type'}, not an image "
-                              "(schema 1 and artifacts are not read)")  # fmt: skip
+                              "(schema 1 and artifacts are not read)")
         return Manifest(parsed, media, digest)
 
     def blob(self, digest: str) -> bytes:
@@ -192,7 +192,7 @@ class Registry:
         if response.headers.get("Docker-Content-Digest", digest) != digest:
             raise DockerError(f"registry {self.name} stored the index of {self.repository}:{tag} under another digest")
         return Index(f"{self.repository}:{tag}", f"{self.repository}@{digest}",
-                     tuple((m.platform, f"{self.repository}@{m.digest}") for m in members))  # fmt: skip
+                     tuple((m.platform, f"{self.repository}@{m.digest}") for m in members))
 
     @staticmethod
     def _errors(response: Any) -> str:
@@ -217,7 +217,7 @@ def _reason(e: Exception) -> str:
     text = str(e)
     for marker, said in (("Connection refused", "connection refused"), ("Name or service not known", "unknown host"),
                          ("Temporary failure in name resolution", "unknown host"), ("timed out", "timed out"),
-                         ("CERTIFICATE_VERIFY_FAILED", "TLS certificate not trusted")):  # fmt: skip
+                         ("CERTIFICATE_VERIFY_FAILED", "TLS certificate not trusted")):
         if marker in text:
             return said
     return f"{type(e).__name__}: {text[:200]}"

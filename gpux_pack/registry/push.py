@@ -70,13 +70,13 @@ def explain(message: str, registry: str) -> str:
     text = " ".join(message.split())[:300]
     low = text.lower()
     if "unauthorized" in low or "authentication required" in low or "no basic auth credentials" in low or \
-            "denied" in low:  # fmt: skip
+            "denied" in low:
         return f"authentication failed ({text}); log in with `docker login {registry}` or check the credentials"
     if "x509" in low or "certificate" in low or "tls" in low or "server gave http response to https client" in low:
         return f"TLS error ({text}); the registry's certificate must be trusted by the engine, or the registry " \
-               "listed in its insecure-registries"  # fmt: skip
+               "listed in its insecure-registries"
     if "name unknown" in low or "repository name not known" in low or "does not exist" in low or \
-            "not found" in low:  # fmt: skip
+            "not found" in low:
         return f"unknown repository ({text}); create it in the registry or fix the name"
     if "connection refused" in low or "no such host" in low or "i/o timeout" in low or "dial tcp" in low:
         return f"registry unreachable ({text})"

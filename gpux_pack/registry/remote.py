@@ -36,7 +36,7 @@ def read(client: Any | None, ref: str, built_by_us: bool = True) -> GpuxImage:
         if client is None:
             engine.connect()  # a bare name can only be local: the engine's own one-line refusal
         raise UsageError(f"{ref}: no such image on this Docker engine (to read it from a registry, name the "
-                         "registry: host[:port]/repository:tag)")  # fmt: skip
+                         "registry: host[:port]/repository:tag)")
     return fetch(client, ref, built_by_us)
 
 
@@ -92,10 +92,10 @@ def pick(manifests: list[Any], host: str) -> dict[str, Any] | None:
     image manifests (buildx's attestations, platform unknown/unknown; nested indexes) are skipped."""
     images = [m for m in manifests if isinstance(m, dict) and str(m.get("digest", "")).startswith("sha256:")
               and m.get("mediaType", MANIFESTS[0]) in MANIFESTS
-              and (m.get("platform") or {}).get("os") != "unknown"]  # fmt: skip
+              and (m.get("platform") or {}).get("os") != "unknown"]
 
     def on(arch: str) -> dict[str, Any] | None:
         return next((m for m in images if (m.get("platform") or {}).get("os", "linux") == "linux"
-                     and (m.get("platform") or {}).get("architecture") == arch), None)  # fmt: skip
+                     and (m.get("platform") or {}).get("architecture") == arch), None)
 
     return on("amd64") or on(host) or (images[0] if images else None)

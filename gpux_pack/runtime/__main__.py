@@ -94,6 +94,7 @@ def _command(command: str, args) -> int:
     try:
         settings = Settings.load()
         _logging(settings)
+        from . import warmup
         from .session import Model
         from .tensors import RequestError, decode_predict, encode_predict, to_json
     except StartupError as e:
@@ -111,7 +112,7 @@ def _command(command: str, args) -> int:
             return serve(model, settings.spec.get("pack_version", ""), handoff=_handoff)
         if command == "warmup":
             _STATE["doing"] = "warming up"
-            state = _interruptible(model.warmup, True)
+            state = _interruptible(warmup.run, model, True)
             folder = str(model.cache.folder) if model.cache and model.cache.folder else None
             print(json.dumps(to_json({"warmup": state, "execution_providers": model.active, "folder": folder})))
             return 0
@@ -179,7 +180,9 @@ def _bench(model, runs: int) -> dict:
     """session.run alone, on the warmup inputs (first shape): what the model costs here."""
     import time
 
-    feeds = model.warmup_feeds()[0]
+    from . import warmup
+
+    feeds = warmup.generated_inputs(model)[0]
     for _ in range(min(10, runs)):
         model.run(feeds)
     times = []
@@ -190,7 +193,7 @@ def _bench(model, runs: int) -> dict:
     times.sort()
     return {"runs": runs, "p50_ms": 1000 * times[len(times) // 2], "p99_ms": 1000 * times[min(len(times) - 1,
             int(len(times) * 0.99))], "providers": model.active,
-            "shapes": {k: list(v.shape) for k, v in feeds.items()}}  # fmt: skip
+            "shapes": {k: list(v.shape) for k, v in feeds.items()}}
 
 
 def _handoff(server: object) -> None:

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from typing import Any
 
 import numpy as np
 
 from .dtypes import BINARY_ONLY, DTYPES
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
-from .tensors import RequestError, V2Request, check_shape, from_binary, to_binary
+from .tensors import RequestError, from_binary, to_binary
+from .v2 import V2Input, V2Request, check
 
 log = logging.getLogger("gpux")
 
@@ -69,21 +69,21 @@ MESSAGES: dict[str, list] = {
         (_PARAMS[0], 4, _PARAMS[1]), ("outputs", 5, "repeated ModelInferResponse.InferOutputTensor"),
         ("raw_output_contents", 6, "repeated bytes"),
     ],
-}  # fmt: skip
+}
 METHODS = {name: (f"{name}Request", f"{name}Response")
            for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")}
 # the typed contents field of each datatype, for requests that send contents instead of raw bytes
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
             "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
-            "BYTES": "bytes_contents"}  # fmt: skip
+            "BYTES": "bytes_contents"}
 
 
 def file_descriptor() -> Any:
     from google.protobuf import descriptor_pb2
 
     scalar = {"bool": 8, "int64": 3, "string": 9, "double": 1, "uint64": 4, "int32": 5, "uint32": 13, "float": 2,
-              "bytes": 12}  # fmt: skip
+              "bytes": 12}
     F = descriptor_pb2.FieldDescriptorProto
     fd = descriptor_pb2.FileDescriptorProto(name="gpux_grpc_predict_v2.proto", package=PACKAGE, syntax="proto3")
 
@@ -108,7 +108,7 @@ def file_descriptor() -> Any:
                 entry.options.map_entry = True
                 entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, json_name="key")
                 entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, json_name="value",
-                                type_name=f".{PACKAGE}.{kind[4:]}")  # fmt: skip
+                                type_name=f".{PACKAGE}.{kind[4:]}")
                 field.label, field.type = F.LABEL_REPEATED, F.TYPE_MESSAGE
                 field.type_name = f".{path}.{entry.name}"
             elif kind in scalar:
@@ -152,7 +152,7 @@ async def start(app: Any, port: int, host: str) -> Any:
     name, version = model.spec["name"], model.spec["version"]
     status = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED,
               413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE,
-              504: grpc.StatusCode.DEADLINE_EXCEEDED}  # fmt: skip
+              504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
     def check_model(request: Any) -> None:
         infer = request.DESCRIPTOR.name == "ModelInferRequest"
@@ -193,7 +193,7 @@ async def start(app: Any, port: int, host: str) -> Any:
         request = parse(m["ModelInferRequest"], "ModelInfer", raw)
         check_model(request)
         feeds, names = decode(request, model, app.model.settings.max_request_bytes)
-        return request, feeds, names, app.request_bytes(feeds, V2Request(outputs=names, binary_default=True), True)
+        return request, feeds, names, app.budget.request_bytes(feeds, V2Request(outputs=names, binary_default=True), True)
 
     async def infer(raw: bytes, context: Any) -> Any:
         """ModelInfer: charged from the message's size before it is parsed (the parse holds it
@@ -202,28 +202,28 @@ async def start(app: Any, port: int, host: str) -> Any:
         async def answer() -> Any:
             if not app.is_ready():
                 raise RequestError(f"the model is {app.state()}; retry when ServerReady is true", 503,
-                                   refused="not_ready")  # fmt: skip
-            held = app.hold(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD)
+                                   refused="not_ready")
+            held = app.budget.hold(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD)
             try:
                 loop = asyncio.get_running_loop()
                 if len(raw) > INLINE_BYTES:
                     request, feeds, names, needed = await loop.run_in_executor(app.codec, infer_request, raw)
                 else:
                     request, feeds, names, needed = infer_request(raw)
-                needed = app.hold(needed + len(raw))  # the message's bytes stay with grpc until we answer
-                app.release(held)
+                needed = app.budget.hold(needed + len(raw))  # the message's bytes stay with grpc until we answer
+                app.budget.release(held)
                 held = needed
                 outputs = await app.run(feeds, names)
                 del feeds
                 def answer_bytes() -> bytes:  # serialized here, not by grpc on the event loop
                     return encode(m["ModelInferResponse"], outputs, app.outputs, name, version, request.id
-                                  ).SerializeToString()  # fmt: skip
+                                  ).SerializeToString()
 
                 if sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES:
                     return await loop.run_in_executor(app.codec, answer_bytes)
                 return answer_bytes()
             finally:
-                app.release(held)
+                app.budget.release(held)
 
         return await guarded(context, answer)
 
@@ -255,16 +255,16 @@ async def start(app: Any, port: int, host: str) -> Any:
     handlers = {
         "ServerLive": live, "ServerReady": ready, "ModelReady": model_ready, "ServerMetadata": server_metadata,
         "ModelMetadata": model_metadata, "ModelInfer": infer,
-    }  # fmt: skip
+    }
     rpcs = {
         method: grpc.unary_unary_rpc_method_handler(
             parsed(method, m[request], handlers[method]), request_deserializer=None,
             response_serializer=None if method == "ModelInfer" else m[response].SerializeToString)  # infer: bytes
         for method, (request, response) in METHODS.items()
-    }  # fmt: skip
+    }
     calls, limit = call_limits(app.model.settings)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                      ("grpc.max_send_message_length", -1)], maximum_concurrent_rpcs=calls)  # fmt: skip
+                                      ("grpc.max_send_message_length", -1)], maximum_concurrent_rpcs=calls)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(f"{PACKAGE}.{SERVICE}", rpcs),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     server.add_insecure_port(address)
@@ -295,67 +295,43 @@ def parse(message: Any, method: str, raw: bytes) -> Any:
         raise RequestError(f"{method}: the request is not a valid {message.DESCRIPTOR.name} ({detail})") from None
 
 
-def decode(request: Any, model: Any, budget: int) -> tuple[dict[str, np.ndarray], list[str] | None]:
-    """ModelInferRequest -> feeds, with the checks (and messages) of the REST path."""
-    by_name = {s.name: s for s in (*model.overridable, *model.inputs)}
-    raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise RequestError(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
-    feeds: dict[str, np.ndarray] = {}
-    dims: dict[str, tuple[int, str]] = {}
-    total = 0
-    for i, item in enumerate(request.inputs):
-        what = f"input '{item.name}'"
-        spec = by_name.get(item.name)
-        if spec is None:
-            raise RequestError(f"unknown input '{item.name}'; the model's inputs are: "
-                               f"{', '.join(s.name for s in model.inputs)}")  # fmt: skip
-        if item.name in feeds:
-            raise RequestError(f"{what} is given twice")
-        if item.datatype != spec.datatype:
-            raise RequestError(f"{what}: datatype {item.datatype} does not match the model's {spec.datatype}")
-        shape = list(item.shape)
-        if any(d < 0 for d in shape):
-            raise RequestError(f"{what}: 'shape' must be a list of non-negative integers")
-        count = math.prod(shape)
-        total += count * spec.itemsize
-        if total > budget:
-            raise RequestError(f"{what}: shape {shape} makes the request's tensors {total} bytes, more than this "
-                               f"server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)  # fmt: skip
-        if raw:
-            arr = from_binary(spec, memoryview(raw[i]), count, what)
-        elif spec.dtype in BINARY_ONLY:  # no typed contents field holds BF16 (Triton's neither)
+def decode(message: Any, model: Any, budget: int) -> tuple[dict[str, np.ndarray], list[str] | None]:
+    """ModelInferRequest -> feeds, checked as a REST request is (v2.check: one set of messages)."""
+    raw = list(message.raw_input_contents)
+    if raw and len(raw) != len(message.inputs):
+        raise RequestError(f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs")
+    request = V2Request(outputs=[o.name for o in message.outputs] or None, binary_default=True)
+    for i, item in enumerate(message.inputs):
+        content = _raw(memoryview(raw[i])) if raw else _typed(item)
+        request.inputs.append(V2Input(item.name, item.datatype, list(item.shape), content))
+    return check(request, model.inputs, model.outputs, model.overridable, budget), request.outputs
+
+
+def _raw(data: memoryview) -> Any:
+    return lambda spec, count, what: from_binary(spec, data, count, what)
+
+
+def _typed(item: Any) -> Any:
+    """An input's typed contents (InferTensorContents) as an array, once its spec is known."""
+    def content(spec: Any, count: int, what: str) -> np.ndarray:
+        if spec.dtype in BINARY_ONLY:  # no typed contents field holds BF16 (Triton's neither)
             raise RequestError(f"{what} is {spec.datatype}, which typed contents cannot carry: send it in "
-                               "raw_input_contents")  # fmt: skip
-        else:
-            field = CONTENTS.get(item.datatype, "bytes_contents")
-            values = getattr(item.contents, field)  # not a list: a Python object per number holds 32 bytes for 4
-            if field in FIXED_WIDTH and len(item.contents.ListFields()) == 1:
-                arr = packed(item.contents, FIXED_WIDTH[field])
-            elif spec.dtype == "string":
-                try:
-                    arr = np.array([v.decode("utf-8") for v in values], dtype=object)
-                except UnicodeDecodeError:
-                    raise RequestError(f"{what}: a BYTES element is not UTF-8 text") from None
-            else:
-                try:  # 300 in int_contents for INT8, bytes_contents for FP16: numpy refuses
-                    arr = np.array(values, dtype=np.dtype(DTYPES[spec.dtype][0]))
-                except (OverflowError, ValueError, TypeError) as e:
-                    raise RequestError(f"{what}: contents do not fit {spec.datatype}: {str(e).splitlines()[0][:200]}") from None
-            if arr.size != count:
-                raise RequestError(f"{what}: shape {shape} needs {count} values, got {arr.size}")
-        arr = arr.reshape(shape)
-        check_shape(spec, arr, what, dims)
-        feeds[item.name] = arr
-    for spec in model.inputs:
-        if spec.required and spec.name not in feeds:
-            raise RequestError(f"missing required input '{spec.name}'")
-    names = [o.name for o in request.outputs] or None
-    known = {o.name for o in model.outputs}
-    for n in names or ():
-        if n not in known:
-            raise RequestError(f"unknown output '{n}'; the model's outputs are: {', '.join(sorted(known))}")
-    return feeds, names
+                               "raw_input_contents")
+        field = CONTENTS.get(item.datatype, "bytes_contents")
+        values = getattr(item.contents, field)  # not a list: a Python object per number holds 32 bytes for 4
+        if field in FIXED_WIDTH and len(item.contents.ListFields()) == 1:
+            return packed(item.contents, FIXED_WIDTH[field])
+        if spec.dtype == "string":
+            try:
+                return np.array([v.decode("utf-8") for v in values], dtype=object)
+            except UnicodeDecodeError:
+                raise RequestError(f"{what}: a BYTES element is not UTF-8 text") from None
+        try:  # 300 in int_contents for INT8, bytes_contents for FP16: numpy refuses
+            return np.array(values, dtype=np.dtype(DTYPES[spec.dtype][0]))
+        except (OverflowError, ValueError, TypeError) as e:
+            raise RequestError(f"{what}: contents do not fit {spec.datatype}: {str(e).splitlines()[0][:200]}") from None
+
+    return content
 
 
 # typed contents of fixed width: numpy reads their packed bytes (a conversion element by element

@@ -104,10 +104,10 @@ class Tree:
     def __init__(self, root: Path | None = None, overlays: dict[str, Path] | None = None):
         self.root = Path(root) if root is not None else None
         self.overlays = sorted((("/" + p.strip("/"), Path(h)) for p, h in (overlays or {}).items()),
-                               key=lambda item: -len(item[0]))  # fmt: skip
+                               key=lambda item: -len(item[0]))
         # the folders above an overlay exist in the image (COPY makes them) whatever the root has
         self.above = {"/" + "/".join(p.strip("/").split("/")[:i]) for p, _ in self.overlays
-                      for i in range(1, len(p.strip("/").split("/")))}  # fmt: skip
+                      for i in range(1, len(p.strip("/").split("/")))}
 
     def host(self, path: str) -> Path:
         """The host path of an image path with no symlink or '..' in it."""
@@ -210,7 +210,7 @@ class Tree:
         if real is None:
             return set()
         names = {p[len(real):].strip("/").split("/")[0] for p in (*self.above, *(o for o, _ in self.overlays))
-                 if p.startswith(real.rstrip("/") + "/")}  # fmt: skip
+                 if p.startswith(real.rstrip("/") + "/")}
         try:
             names.update(os.listdir(self.host(real)))
         except OSError:
@@ -252,7 +252,7 @@ class Resolver:
     LD_LIBRARY_PATH (default: this process's). arch: the image's, for the default folders."""
 
     def __init__(self, extra_dirs: list[str], skip: set[str], tree: Tree | None = None,
-                 env: list[str] | None = None, arch: str | None = None):  # fmt: skip
+                 env: list[str] | None = None, arch: str | None = None):
         if env is None:
             env = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
         self.tree = tree or Tree()
@@ -314,7 +314,7 @@ def check(
         if site is None or arch is None:
             raise ValueError("a root needs the image's site-packages path and architecture")
         return check_tree(provider, libs, dlopen, dirs, skip, root, overlays or {}, site, arch,
-                          ld_library_path or [], log, tensorrt)  # fmt: skip
+                          ld_library_path or [], log, tensorrt)
     import onnxruntime  # the package must import before anything else matters
 
     here = str(Path(onnxruntime.__file__).parent.parent)
@@ -341,7 +341,7 @@ def check_tree(
         return [f"onnxruntime is not installed in {site}"]
     version = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", init, re.M)
     return _check(tree, site, version.group(1) if version else "(unknown version)", libs, dlopen, dirs,
-                  driver, provider, arch, list(ld_library_path), log, tensorrt)  # fmt: skip
+                  driver, provider, arch, list(ld_library_path), log, tensorrt)
 
 
 def _check(
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the TensorRT version the provider library was built for: an older libnvinfer fails")
     parser.add_argument("--root", type=Path, help="check an image's root filesystem exported here instead")
     parser.add_argument("--overlay", action="append", default=[], metavar="IMAGE_PATH=HOST_DIR",
-                        help="with --root: a host folder standing in for an image path")  # fmt: skip
+                        help="with --root: a host folder standing in for an image path")
     parser.add_argument("--site", help="with --root: the image path of the site-packages holding onnxruntime")
     parser.add_argument("--arch", choices=sorted(MACHINES), help="with --root: the image's architecture")
     parser.add_argument("--ld-library-path", default="", help="with --root: the image's LD_LIBRARY_PATH")
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = check(args.lib, args.dlopen, args.dir, args.driver, args.provider, root=args.root,
                      overlays=overlays, site=args.site, arch=args.arch,
                      ld_library_path=[d for d in args.ld_library_path.split(":") if d],
-                     tensorrt=args.tensorrt)  # fmt: skip
+                     tensorrt=args.tensorrt)
     if problems:
         for line in problems:
             print(f"link check: {line}", file=sys.stderr)

@@ -82,7 +82,7 @@ class Metrics:
         rows = HistogramMetricFamily("gpux_batch_rows", "Rows per session.run (batches merge requests)")
         rows.add_metric([], batch.buckets(), batch.sum)
         shared = CounterMetricFamily("gpux_batched_requests", "Requests answered by a run shared with others",
-                                     value=batched)  # fmt: skip
+                                     value=batched)
         depth = GaugeMetricFamily("gpux_queue_depth", "Requests waiting for an inference worker", value=queue)
         held = GaugeMetricFamily("gpux_in_flight_bytes", "Request bytes held by requests in flight", value=in_flight)
         refusals = CounterMetricFamily("gpux_refused", "Requests refused for lack of room", labels=["reason"])

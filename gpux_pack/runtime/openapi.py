@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .dtypes import DTYPES
-from .tensors import TensorSpec
+from .tensors import ServedTensor
 
 _JSON_TYPES = {"bool": "boolean", "string": "string"}
 _V2_DATATYPES = sorted({v2 for _, v2, _ in DTYPES.values()})
@@ -25,7 +25,7 @@ def _element(dtype: str) -> dict[str, Any]:
     return {}  # a sequence or map output: whatever the model answers
 
 
-def tensor_schema(spec: TensorSpec) -> dict[str, Any]:
+def tensor_schema(spec: ServedTensor) -> dict[str, Any]:
     """A tensor as /predict carries it: nested lists, one level per dimension, fixed sizes
     bounded; an unknown shape takes any nesting."""
     schema = _element(spec.dtype)
@@ -61,52 +61,52 @@ def _get(summary: str, schema: dict[str, Any], tag: str, not_ready: bool = False
 
 def document(spec: dict[str, Any], pack_version: str) -> dict[str, Any]:
     """OpenAPI 3.1 for this image: GPUX's endpoints and KServe v2's (REST), for this model."""
-    inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
-    outputs = [TensorSpec.from_json(t) for t in spec["outputs"]]
+    inputs = [ServedTensor.from_json(t) for t in spec["inputs"]]
+    outputs = [ServedTensor.from_json(t) for t in spec["outputs"]]
     name, version = spec["name"], spec["version"]
     error = {"$ref": "#/components/schemas/Error"}
     errors = {str(code): _json(error, text) for code, text in (
         (400, "The request is wrong: the message names the input or the part"), (413, "Too large for this server"),
-        (503, "Not ready, or busy: retry (Retry-After)"), (504, "The model took longer than serving.timeout"))}  # fmt: skip
+        (503, "Not ready, or busy: retry (Retry-After)"), (504, "The model took longer than serving.timeout"))}
     tensor = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
         "name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
         "datatype": {"enum": _V2_DATATYPES}, "parameters": {"type": "object"},
-        "data": {"type": "array"}}}  # fmt: skip
+        "data": {"type": "array"}}}
     schemas = {
         "PredictRequest": _object({t.name: tensor_schema(t) for t in inputs},
-                                  [t.name for t in inputs if t.required]),  # fmt: skip
+                                  [t.name for t in inputs if t.required]),
         "PredictResponse": _object({t.name: tensor_schema(t) for t in outputs}, []),
         "Error": _object({"error": {"type": "string"}, "detail": {"type": "string", "description": "The same "
-                          "text, for GPUX's (FastAPI's) clients; not on /v2"}}, ["error"]),  # fmt: skip
+                          "text, for GPUX's (FastAPI's) clients; not on /v2"}}, ["error"]),
         "Health": _object({"status": {"type": "string", "description": "healthy when ready"},
-                           "model": {"type": "string"}, "ready": {"type": "boolean"}}, ["status", "model"]),  # fmt: skip
+                           "model": {"type": "string"}, "ready": {"type": "boolean"}}, ["status", "model"]),
         "Info": _object({k: {"type": t} for k, t in (("name", "string"), ("version", "string"),
                          ("format", "string"), ("path", "string"), ("size_bytes", "integer"), ("size_mb", "number"),
                          ("inputs", "array"), ("outputs", "array"), ("metadata", "object"))},
-                        ["name", "version", "format", "path", "size_bytes", "size_mb", "inputs", "outputs"]),  # fmt: skip
+                        ["name", "version", "format", "path", "size_bytes", "size_mb", "inputs", "outputs"]),
         "ProviderReport": _object({"provider": _object({"name": {"type": "string"}, "available": {"type": "boolean"},
                                                         "config": {"type": "object"}}, ["name", "available"]),
                                    "available_providers": {"type": "array", "items": {"type": "string"}}},
-                                  ["provider", "available_providers"]),  # fmt: skip
+                                  ["provider", "available_providers"]),
         "InferRequest": _object({"id": {"type": "string"}, "parameters": {"type": "object"},
                                  "inputs": {"type": "array", "items": tensor},
                                  "outputs": {"type": "array", "items": _object({"name": {"type": "string"},
                                                                                 "parameters": {"type": "object"}},
-                                                                               ["name"])}}, ["inputs"]),  # fmt: skip
+                                                                               ["name"])}}, ["inputs"]),
         "InferResponse": _object({"model_name": {"const": name}, "model_version": {"type": "string"},
                                   "id": {"type": "string"}, "parameters": {"type": "object"},
-                                  "outputs": {"type": "array", "items": tensor}}, ["model_name", "outputs"]),  # fmt: skip
+                                  "outputs": {"type": "array", "items": tensor}}, ["model_name", "outputs"]),
         "ModelMetadata": _object({"name": {"const": name}, "versions": {"type": "array", "items": {"type": "string"}},
                                   "platform": {"type": "string"},
                                   "inputs": {"type": "array", "items": {"type": "object"}},
                                   "outputs": {"type": "array", "items": {"type": "object"}}},
-                                 ["name", "platform", "inputs", "outputs"]),  # fmt: skip
+                                 ["name", "platform", "inputs", "outputs"]),
     }
     predict_body = {"oneOf": [{"$ref": "#/components/schemas/PredictRequest"},
                               {"type": "array", "minItems": 1,
-                               "items": {"$ref": "#/components/schemas/PredictRequest"}}]}  # fmt: skip
+                               "items": {"$ref": "#/components/schemas/PredictRequest"}}]}
     predict_answer = {"oneOf": [{"$ref": "#/components/schemas/PredictResponse"},
-                                {"type": "array", "items": {"$ref": "#/components/schemas/PredictResponse"}}]}  # fmt: skip
+                                {"type": "array", "items": {"$ref": "#/components/schemas/PredictResponse"}}]}
     infer = {"post": {
         "summary": "KServe v2 inference (JSON, or the binary tensor extension)", "tags": ["KServe v2"],
         "requestBody": {"required": True, "content": {
@@ -116,16 +116,16 @@ def document(spec: dict[str, Any], pack_version: str) -> dict[str, Any]:
                                                                    "bytes, then the binary tensors"}}}},
         "responses": {"200": {"description": "The outputs", "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/InferResponse"}},
-            "application/octet-stream": {"schema": {"type": "string"}}}}, **errors}}}  # fmt: skip
+            "application/octet-stream": {"schema": {"type": "string"}}}}, **errors}}}
     model_path = f"/v2/models/{name}"
     paths: dict[str, Any] = {
         "/health": _get("GPUX's health: healthy when ready", {"$ref": "#/components/schemas/Health"}, "GPUX", True),
         "/info": _get("The model: name, version, size, inputs, outputs, providers, warmup",
-                      {"$ref": "#/components/schemas/Info"}, "GPUX"),  # fmt: skip
+                      {"$ref": "#/components/schemas/Info"}, "GPUX"),
         "/metrics": {"get": {"summary": "Prometheus metrics; GPUX's provider report to Accept: application/json",
                              "tags": ["GPUX"], "responses": {"200": {"description": "OK", "content": {
                                  "text/plain": {"schema": {"type": "string"}},
-                                 "application/json": {"schema": {"$ref": "#/components/schemas/ProviderReport"}}}}}}},  # fmt: skip
+                                 "application/json": {"schema": {"$ref": "#/components/schemas/ProviderReport"}}}}}}},
         "/predict": {"post": {
             "summary": "Run the model: an object of input name -> nested lists, or an array of them",
             "tags": ["GPUX"],
@@ -145,14 +145,14 @@ def document(spec: dict[str, Any], pack_version: str) -> dict[str, Any]:
                                     "KServe v2", True),
         f"{model_path}/infer": infer,
         f"{model_path}/versions/{version}/infer": infer,
-    }  # fmt: skip
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": spec.get("title", name), "version": version,
                  "description": (spec.get("description") or f"{name}, served by gpux-pack {pack_version}")},
         "paths": paths,
         "components": {"schemas": schemas},
-    }  # fmt: skip
+    }
 
 
 DOCS_PAGE = b"""<!doctype html>

@@ -26,7 +26,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 def _response(status: str, message: str) -> bytes:
     body = ('{"error": "%s"}' % message).encode()
     return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n").encode() + body  # fmt: skip
+            "connection: close\r\n\r\n").encode() + body
 
 
 class LimitedProtocol(HttpToolsProtocol):
@@ -71,7 +71,7 @@ class LimitedProtocol(HttpToolsProtocol):
             return
         if self._in_head:
             self._refuse("408 Request Timeout", f"the request's headers did not arrive within {self.timeout:g}s "
-                         "(GPUX_READ_TIMEOUT)", "header_timeout")  # fmt: skip
+                         "(GPUX_READ_TIMEOUT)", "header_timeout")
         elif self._in_body:
             self._in_body = False
             self.transport.close()  # the app reads a disconnect and answers nobody
@@ -93,7 +93,7 @@ class LimitedProtocol(HttpToolsProtocol):
     def _check_head(self, size: int) -> None:
         if size > self.max_head and not self.transport.is_closing():
             self._refuse("431 Request Header Fields Too Large", f"the request's headers exceed {self.max_head} "
-                         "bytes (GPUX_MAX_HEADER_BYTES)", "headers")  # fmt: skip
+                         "bytes (GPUX_MAX_HEADER_BYTES)", "headers")
 
     # Once refused, the rest of the read is parsed to no effect: nothing more reaches the app.
     def on_url(self, url: bytes) -> None:
@@ -137,4 +137,4 @@ class LimitedProtocol(HttpToolsProtocol):
 def protocol(max_head: int, timeout: float, refused: Callable[[str], None]) -> Any:
     """The protocol class for uvicorn's `http` setting, with these limits."""
     return type("LimitedProtocol", (LimitedProtocol,), {"max_head": max_head, "timeout": timeout,
-                                                         "refused": staticmethod(refused)})  # fmt: skip
+                                                         "refused": staticmethod(refused)})

@@ -86,7 +86,7 @@ class Scheduler:
             rows = int(first.shape[0]) if first.ndim else 1
             if all(a.ndim and a.shape[0] == rows for a in feeds.values()):
                 key = (tuple(names) if names else None,
-                       tuple((k, a.dtype.str, a.shape[1:]) for k, a in sorted(feeds.items())))  # fmt: skip
+                       tuple((k, a.dtype.str, a.shape[1:]) for k, a in sorted(feeds.items())))
         job = Job(feeds, names, rows, key)
         with self._cv:
             if self._closed:

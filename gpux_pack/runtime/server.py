@@ -23,12 +23,15 @@ import numpy as np
 
 from . import openapi
 from .metrics import Metrics, route
+from .budget import Budget, tune_malloc
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
-from .session import AccuracyError, Model
-from .tensors import (JSON_FACTOR, RequestError, TensorSpec, V2Request, decode_predict, decode_predict_batch, decode_v2,
-                      dumps, encode_predict, encode_v2, hole_inputs, numeric_body, parse_json, plain_numbers,
-                      split_binary, to_json)
+from . import warmup
+from .session import Model
+from .warmup import AccuracyError
+from .tensors import (JSON_FACTOR, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
+                      encode_predict, hole_inputs, numeric_body, parse_json, plain_numbers, to_json)
+from .v2 import V2Request, decode_rest, encode_v2, split_binary
 
 log = logging.getLogger("gpux")
 access = logging.getLogger("gpux.access")
@@ -91,17 +94,8 @@ class App:
         import onnxruntime as ort
 
         self.scheduler = Scheduler(model.run, ort.RunOptions, settings.max_workers, settings.max_queue, batching,
-                                   self.metrics.observe_run)  # fmt: skip
-        # the graph's intermediate tensors at their peak: bytes x the request's (input, axis) sizes
-        self.working = [(tuple((d[0], d[1]) for d in term["dims"]), int(term["bytes"]))
-                        for term in (model.spec.get("model") or {}).get("working_memory") or ()]  # fmt: skip
-        # a request charged this much may leave freed memory in malloc's free lists: trimmed once
-        # idle; sooner in a small container, where what the heap keeps is a large share
-        memory = settings.limits.memory if settings.limits else 1 << 34
-        self.trim_after = min(TRIM_AFTER, memory // 32)
-        self._bytes_lock = threading.Lock()
-        self.in_flight_bytes = 0
-        self._large = False  # a large request finished since memory was last trimmed
+                                   self.metrics.observe_run)
+        self.budget = Budget(model, self.codec)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -115,9 +109,9 @@ class App:
 
         def work() -> None:
             try:
-                self.model.warmup()
+                warmup.run(self.model)
                 if self.model.warmup_state.get("state") == "done":
-                    self.model.tune_threads()
+                    warmup.tune_threads(self.model)
             except AccuracyError as e:  # wrong answers are worse than none: stop, exit 1
                 log.error("gpux: %s", e)
                 self.failed = str(e)
@@ -164,7 +158,7 @@ class App:
         try:
             await _send(send, response)
         finally:
-            self.release(response.held)
+            self.budget.release(response.held)
         seconds = time.perf_counter() - started
         path = scope["path"]
         self.metrics.observe_request(route(path.rstrip("/") or "/", self.model.spec["name"]), response.status, seconds)
@@ -172,7 +166,7 @@ class App:
             access.info("%s %s %d %.1fms", scope["method"], path, response.status, seconds * 1000,
                         extra={"method": scope["method"], "path": path, "status": response.status,
                                "seconds": round(seconds, 6), "bytes": len(response.body),
-                               "client": (scope.get("client") or ("", 0))[0]})  # fmt: skip
+                               "client": (scope.get("client") or ("", 0))[0]})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -186,7 +180,7 @@ class App:
                         self.grpc = await grpc_v2.start(self, settings.grpc_port, settings.host)
                     except Exception as e:  # a port in use: say so, do not serve half
                         await send({"type": "lifespan.startup.failed",
-                                    "message": f"cannot serve gRPC on port {settings.grpc_port}: {e}"})  # fmt: skip
+                                    "message": f"cannot serve gRPC on port {settings.grpc_port}: {e}"})
                         return
                 self.start_warmup()
                 await send({"type": "lifespan.startup.complete"})
@@ -208,7 +202,7 @@ class App:
             self._only(method, "GET")
             title, ready = model.spec.get("title", name), self.is_ready()
             return _json(200 if ready else 503, {"status": "healthy" if ready else self.state(), "model": title,
-                                                 "ready": ready})  # fmt: skip
+                                                 "ready": ready})
         if path == "/info":
             self._only(method, "GET")
             return _json(200, to_json(model.info()))  # metadata from the model may hold NaN or odd types
@@ -217,7 +211,7 @@ class App:
             if _wants_json(scope):  # GPUX's /metrics: the provider in use and what onnxruntime offers
                 return _json(200, model.provider_report())
             self.metrics.queue.set(self.scheduler.depth)
-            self.metrics.in_flight.set(self.in_flight_bytes)
+            self.metrics.in_flight.set(self.budget.in_flight_bytes)
             body, content_type = self.metrics.render()
             return Response(200, body, content_type.encode())
         if path == "/predict":
@@ -287,8 +281,8 @@ class App:
         declared = int(length) if length.isdigit() else 0
         if declared > limit:
             raise RequestError(f"request body of {declared} bytes exceeds the limit of {limit} "
-                               "(GPUX_MAX_BODY_BYTES)", 413)  # fmt: skip
-        held = self.hold(REQUEST_OVERHEAD)
+                               "(GPUX_MAX_BODY_BYTES)", 413)
+        held = self.budget.hold(REQUEST_OVERHEAD)
         try:
             body, extra = await self._read(receive, limit)
             held += extra
@@ -304,8 +298,8 @@ class App:
                 self.scheduler.arrive(-1)
             del body
             # the body is gone: from here on the request holds its tensors, the model's and its answer
-            needed = self.hold(needed)
-            self.release(held)
+            needed = self.budget.hold(needed)
+            self.budget.release(held)
             held = needed
             if isinstance(feeds, list):  # GPUX's batch form: each item a run (batched when batching is on)
                 response = await self._predict_each(feeds, held)
@@ -327,7 +321,7 @@ class App:
                 head["id"] = request.id
             if large and not request.binary_default and not request.binary:
                 payload, header_length = await loop.run_in_executor(self.codec, encode_v2, outputs, self.outputs,
-                                                                    request, head)  # fmt: skip
+                                                                    request, head)
             else:
                 payload, header_length = encode_v2(outputs, self.outputs, request, head)
             del outputs
@@ -335,11 +329,11 @@ class App:
                 response = Response(200, payload, held=held)
             else:
                 response = Response(200, payload, b"application/octet-stream",
-                                    [(BINARY_HEADER, str(header_length).encode())], held)  # fmt: skip
+                                    [(BINARY_HEADER, str(header_length).encode())], held)
             held = 0
             return response
         finally:
-            self.release(held)
+            self.budget.release(held)
 
     async def _predict_each(self, feeds: list[dict[str, np.ndarray]], held: int) -> Response:
         """Run every item of a /predict array at once; the answers in the same order, or the first
@@ -357,36 +351,6 @@ class App:
         """gpux_refused_total, once per refused request (HTTP and gRPC alike)."""
         if e.refused:
             self.metrics.refused.labels(e.refused).inc()
-
-    def hold(self, n: int) -> int:
-        """Count n request bytes against what all requests in flight may hold; 503 past it."""
-        with self._bytes_lock:
-            if n and self.in_flight_bytes + n > self.model.settings.max_in_flight_bytes:
-                raise RequestError("too many request bytes in flight; retry shortly", 503, refused="memory")
-            self.in_flight_bytes += n
-        return n
-
-    def _hold_decode(self, cost: int, size: int) -> int:
-        """Count what decoding a body will hold; a body that could never fit is 413, not an OOM."""
-        limit = self.model.settings.max_in_flight_bytes
-        if cost > limit:
-            raise RequestError(f"decoding this {size}-byte body would hold about {cost} bytes, more than this server "
-                               f"may hold for requests ({limit}, half its memory); send the tensors as binary data "
-                               "(KServe v2 binary extension) or .npy", 413, refused="memory")  # fmt: skip
-        return self.hold(cost)
-
-    def release(self, n: int) -> None:
-        with self._bytes_lock:
-            self.in_flight_bytes -= n
-            self._large = self._large or n >= self.trim_after
-            trim = self._large and self.in_flight_bytes == 0
-            if trim:
-                self._large = False
-        if trim:  # malloc_trim walks every arena (tens of ms after a large request): never on the event loop
-            try:
-                self.codec.submit(_trim)
-            except RuntimeError:  # shutting down
-                pass
 
     async def _read(self, receive: Receive, limit: int) -> tuple[bytes | bytearray, int]:
         """The body, within the limit; (body, the bytes held for it). Each piece is charged to the
@@ -407,17 +371,17 @@ class App:
                 if buffer is None and not more:
                     if len(chunk) > limit:
                         raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
-                    return chunk, self.hold(len(chunk))  # the whole body at once: no copy
+                    return chunk, self.budget.hold(len(chunk))  # the whole body at once: no copy
                 if buffer is None:
                     buffer = bytearray()
                 if len(buffer) + len(chunk) > limit:
                     raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
-                held += self.hold(len(chunk))
+                held += self.budget.hold(len(chunk))
                 buffer += chunk
                 if not more:
                     return buffer, held
         except BaseException:
-            self.release(held)
+            self.budget.release(held)
             raise
 
     def _decode(self, body: bytes | bytearray, headers: dict[bytes, bytes], v2: bool) -> tuple[Feeds, V2Request, int]:
@@ -446,7 +410,7 @@ class App:
                 cost = numeric.decode_cost(itemsize)
             else:
                 cost = len(body) * JSON_FACTOR
-        held = self._hold_decode(cost, len(body))
+        held = self.budget.hold_decode(cost, len(body))
         try:
             if npy:
                 feeds = _decode_npy(body, model.inputs, budget)
@@ -460,7 +424,7 @@ class App:
                 else:
                     header, blobs = split_binary(body, length.decode("latin-1") if length is not None else None)
                     fast = length is None and plain_numbers(body, header, v2=True)
-                feeds, request = decode_v2(header, model.inputs, model.outputs, model.overridable, blobs, budget, fast)
+                feeds, request = decode_rest(header, model.inputs, model.outputs, model.overridable, blobs, budget, fast)
             else:
                 if not body.strip():
                     raise RequestError("empty body; expected JSON")
@@ -471,31 +435,13 @@ class App:
                     fast = not isinstance(parsed, list) and plain_numbers(body, parsed, v2=False)
                 if isinstance(parsed, list):
                     feeds = decode_predict_batch(parsed, model.inputs, model.overridable, model.outputs,
-                                                 model.settings.max_queue)  # fmt: skip
+                                                 model.settings.max_queue)
                 else:
                     feeds = decode_predict(parsed, model.inputs, model.overridable, fast, model.outputs)
                 request = V2Request()
         finally:
-            self.release(held)
-        return feeds, request, self.request_bytes(feeds, request, v2)
-
-    def request_bytes(self, feeds: Feeds, request: V2Request, v2: bool) -> int:
-        """What a decoded request holds until its answer is sent: its tensors, the graph's
-        intermediate tensors and the outputs they imply, the answer (JSON text, or the binary
-        outputs' bytes once more) and REQUEST_OVERHEAD; a 413 past GPUX_MAX_REQUEST_BYTES. An
-        array of requests (GPUX's batch form) holds them all."""
-        model, budget = self.model, self.model.settings.max_request_bytes
-        needed, outputs, answer = REQUEST_OVERHEAD, 0, 0
-        for one in feeds if isinstance(feeds, list) else [feeds]:
-            out, text = _output_size(model.inputs, model.outputs, one, request, v2)
-            outputs, answer = outputs + out, answer + text
-            needed += sum(a.nbytes for a in one.values()) + out + text + _working(self.working, one)
-        if needed > budget:
-            hint = "ask for binary outputs or send fewer rows" if answer > outputs else "send fewer rows"
-            raise RequestError(f"this request needs about {needed} bytes (its tensors, the model's intermediate "
-                               f"tensors and outputs they imply, and the answer), more than this server's budget of "
-                               f"{budget} bytes per request (GPUX_MAX_REQUEST_BYTES); {hint}", 413)  # fmt: skip
-        return needed
+            self.budget.release(held)
+        return feeds, request, self.budget.request_bytes(feeds, request, v2)
 
     async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
         timeout = self.model.settings.timeout
@@ -516,95 +462,16 @@ class App:
             raise
 
 
-TRIM_AFTER = 16 << 20  # a request charged this much may leave freed memory in malloc's free lists (the most)
-MMAP_THRESHOLD = 1 << 20  # blocks this large come from mmap and go back to the system when freed
-TRIM_THRESHOLD = 4 << 20  # free memory at the top of a heap past this goes back at once
-
-
-def _libc() -> Any:
-    """glibc, or False (musl has no malloc_trim or mallopt)."""
-    global _LIBC
-    if _LIBC is None:
-        import ctypes
-
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim, _LIBC.mallopt  # noqa: B018
-        except (OSError, AttributeError):
-            _LIBC = False
-    return _LIBC
-
-
-def _trim() -> None:
-    """Give memory freed by large requests back to the system (glibc keeps it otherwise, and a
-    container's memory would only grow under a burst of large requests)."""
-    if _libc():
-        _LIBC.malloc_trim(0)
-
-
-def _tune_malloc() -> None:
-    """Blocks of 1 MiB and more (bodies, arrays, answers) from mmap, unmapped when freed, and
-    at most 4 MiB of free memory kept at a heap's top: glibc otherwise raises both thresholds
-    after the first large free and keeps serving large blocks from the heap, where a burst of
-    large requests fragments it for good. Not lower: every block from mmap, or returned to the
-    system at once, is page-faulted in afresh on its next use (at 128 KiB, a 255 KB JSON body
-    cost 350 page faults to decode and encode, 2x the time without them, on a VM)."""
-    if _libc():
-        _LIBC.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (fixing it also stops the raising)
-        _LIBC.mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
-
-
-_LIBC: Any = None
-
-
-def _batchable(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> bool:
+def _batchable(inputs: list[ServedTensor], outputs: list[ServedTensor]) -> bool:
     """Requests can share a run when every tensor's first dimension is a dynamic batch."""
-    def dynamic_first(s: TensorSpec) -> bool:
+    def dynamic_first(s: ServedTensor) -> bool:
         return bool(s.shape) and not (isinstance(s.shape[0], int) and s.shape[0] >= 0)
 
     return bool(inputs) and all(dynamic_first(s) for s in inputs if s.required) and all(
-        dynamic_first(s) for s in outputs)  # fmt: skip
+        dynamic_first(s) for s in outputs)
 
 
-ANSWER_TEXT = 20  # bytes a JSON answer holds per output element while orjson writes it (measured:
-                 # 11 in the final text, 18 at the peak of its buffer's growth, float32 outputs)
-
-
-def _output_size(inputs: list[TensorSpec], outputs: list[TensorSpec], feeds: dict[str, np.ndarray],
-                 request: V2Request, v2: bool) -> tuple[int, int]:
-    """(bytes, answer bytes) of the outputs the request asks for, from their declared shapes,
-    named dimensions bound by the inputs' (an unknown dimension counts as 1). The answer: a
-    binary output's bytes once more (the body that carries them), a JSON one's text (ANSWER_TEXT
-    bytes an element at its peak)."""
-    dims: dict[str, int] = {}
-    for spec in inputs:
-        arr = feeds.get(spec.name)
-        if arr is not None and spec.shape and len(spec.shape) == arr.ndim:
-            dims.update({d: n for d, n in zip(spec.shape, arr.shape) if isinstance(d, str)})
-    total = answer = 0
-    for spec in outputs:
-        if request.outputs is not None and spec.name not in request.outputs or not spec.shape:
-            continue
-        count = 1
-        for d in spec.shape:
-            count *= d if isinstance(d, int) and d >= 0 else dims.get(d, 1) if isinstance(d, str) else 1
-        total += count * spec.itemsize
-        answer += count * spec.itemsize if v2 and request.wants_binary(spec.name) else count * ANSWER_TEXT
-    return total, answer
-
-
-def _working(terms: list[tuple[tuple[tuple[str, int], ...], int]], feeds: dict[str, np.ndarray]) -> int:
-    """The graph's intermediate tensors for these inputs (gpux.json's model.working_memory)."""
-    total = 0
-    for dims, n in terms:
-        for name, axis in dims:
-            arr = feeds.get(name)
-            n *= int(arr.shape[axis]) if arr is not None and axis < arr.ndim else 1
-        total += n
-    return total
-
-
-def _decode_npy(body: bytes, inputs: list[TensorSpec], budget: int) -> dict[str, np.ndarray]:
+def _decode_npy(body: bytes, inputs: list[ServedTensor], budget: int) -> dict[str, np.ndarray]:
     """/predict with one .npy array as the body: the model's single required input."""
     import io
 
@@ -638,7 +505,7 @@ async def _send(send: Send, response: Response) -> None:
     whole answer at once, it copied the rest of a 13 MB answer into its own buffer)."""
     body = response.body
     headers = [(b"content-type", response.content_type), (b"content-length", str(len(body)).encode()),
-               *response.headers]  # fmt: skip
+               *response.headers]
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     if len(body) <= SEND_PIECE:
         await send({"type": "http.response.body", "body": body})
@@ -646,7 +513,7 @@ async def _send(send: Send, response: Response) -> None:
     view = memoryview(body)
     for at in range(0, len(body), SEND_PIECE):
         await send({"type": "http.response.body", "body": view[at: at + SEND_PIECE],
-                    "more_body": at + SEND_PIECE < len(body)})  # fmt: skip
+                    "more_body": at + SEND_PIECE < len(body)})
 
 
 def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] | None = None) -> int:
@@ -657,12 +524,12 @@ def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] |
 
     settings = model.settings
     app = App(model, pack_version)
-    _tune_malloc()
+    tune_malloc()
     try:
         from .protocol import protocol
 
         http: Any = protocol(settings.max_header_bytes, settings.read_timeout,
-                             lambda reason: app.metrics.refused.labels(reason).inc())  # fmt: skip
+                             lambda reason: app.metrics.refused.labels(reason).inc())
     except ImportError:  # no httptools: h11, which bounds an unfinished head by itself (no timer)
         http = "h11"
     config = uvicorn.Config(

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .paths import BAKED_DIR, FALLBACK_CACHE_DIR
+
 
 DEFAULT_CONFIG = "/opt/gpux/gpux.json"
-DEFAULT_CACHE_DIR = "/tmp/gpux-cache"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 MAX_TIMEOUT = 86400  # a day: anything longer is a typo, and asyncio's timer would overflow on inf
 MAX_WORKERS = 256
@@ -61,7 +62,7 @@ class Settings:
     max_body_bytes: int
     max_workers: int  # inference workers (threads calling session.run)
     timeout: float
-    baked_dir: Path = Path("/opt/gpux/warm")  # warm.BAKED_DIR (not imported: settings stays import-light)
+    baked_dir: Path = Path(BAKED_DIR)
     log_format: str = "text"  # text | json (one JSON object per line, access logs included)
     threads: int = 1  # ONNX Runtime intra-op threads per worker
     threads_set: bool = False  # GPUX_THREADS was given: warmup does not measure another count
@@ -232,7 +233,7 @@ def _provider_names(env: dict[str, str], short_names: dict[str, str]) -> list[st
 def _cache_dir(env: dict[str, str]) -> Path:
     raw = env.get("GPUX_CACHE_DIR", "")
     if not raw:
-        return Path(DEFAULT_CACHE_DIR)
+        return Path(FALLBACK_CACHE_DIR)
     if "\0" in raw:
         raise ConfigurationError("GPUX_CACHE_DIR", raw, "contains a NUL byte")
     if not os.path.isabs(raw):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -40,7 +40,7 @@ def float32_to_bf16(values: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
 
 
-def json_refused(spec: "TensorSpec", output: bool = False, v2: bool = True) -> RequestError:
+def json_refused(spec: "ServedTensor", output: bool = False, v2: bool = True) -> RequestError:
     """The 400 for a tensor whose datatype JSON cannot carry (BF16), naming it and the way that works."""
     if output:
         how = "ask for it as binary data (parameters.binary_data: true)" if v2 else \
@@ -181,21 +181,21 @@ def numeric_body(raw: bytes) -> NumericBody | None:
     return NumericBody(raw, parse_json(b"".join(parts)), spans)
 
 
-def hole_inputs(body: NumericBody, inputs: Sequence["TensorSpec"], overridable: Sequence["TensorSpec"],
-                v2: bool) -> dict[tuple, "TensorSpec | None"] | None:
+def hole_inputs(body: NumericBody, inputs: Sequence["ServedTensor"], overridable: Sequence["ServedTensor"],
+                v2: bool) -> dict[tuple, "ServedTensor | None"] | None:
     """The input each hole's array is the data of (None: the hole is no input's data, and the
     decoders refuse it as they would any object there). None for the whole body when a hole is
     the data of an input that is not numeric (strings, booleans, BF16): then the body is parsed
     as usual, and the decoders' own messages apply."""
     by_name = {s.name: s for s in (*overridable, *inputs)}
-    out: dict[tuple, TensorSpec | None] = {}
+    out: dict[tuple, ServedTensor | None] = {}
     for path in _holes(body.skeleton, ()):
         spec = None
         if v2 and len(path) == 3 and path[0] == "inputs" and path[2] == "data":
             item = body.skeleton["inputs"][path[1]]
             spec = by_name.get(item.get("name"))  # type: ignore[arg-type]
             if spec is not None and item.get("datatype") != spec.datatype:
-                spec = None  # decode_v2 names the mismatch
+                spec = None  # v2.check names the mismatch
         elif not v2 and (len(path) == 1 or len(path) == 2 and path[0] == "inputs" and "inputs" not in by_name):
             spec = by_name.get(path[-1])
         if spec is None:
@@ -217,7 +217,7 @@ def _holes(value: Any, path: tuple) -> list[tuple]:
     return []
 
 
-def numeric_array(raw: bytes, start: int, end: int, spec: "TensorSpec") -> np.ndarray:
+def numeric_array(raw: bytes, start: int, end: int, spec: "ServedTensor") -> np.ndarray:
     """raw[start:end], a JSON array of numbers, as an array of `spec`'s dtype. Two passes, each
     over bounded pieces: the structure (its shape from the brackets, every row the same length,
     or a 400), then the numbers, parsed by orjson a piece at a time with the brackets blanked
@@ -307,14 +307,17 @@ def _skeleton(shape: tuple[int, ...]) -> bytes:
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class ServedTensor:
+    """An input or output as the runtime serves it, read from gpux.json (gpux.yml's declaration is
+    project.config.TensorSpec)."""
+
     name: str
     dtype: str  # canonical dtype, or sequence/map/optional for non-tensor outputs
     shape: tuple[int | str, ...] | None  # int >= 0 fixed, -1 or str dynamic
     required: bool = True
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "TensorSpec":
+    def from_json(cls, d: dict[str, Any]) -> "ServedTensor":
         shape = d.get("shape")
         return cls(d["name"], d["type"], tuple(shape) if shape is not None else None, d.get("required", True))
 
@@ -339,7 +342,7 @@ def _kind_name(arr: np.ndarray) -> str:
     )
 
 
-def to_array(spec: TensorSpec, value: Any, what: str, fast: bool = False) -> np.ndarray:
+def to_array(spec: ServedTensor, value: Any, what: str, fast: bool = False) -> np.ndarray:
     """A JSON value (nested lists or a scalar) as an array of the input's dtype. fast: the body
     holds no true/false/null, so a float input converts in one step (numpy would otherwise take
     booleans as numbers)."""
@@ -386,7 +389,7 @@ def to_array(spec: TensorSpec, value: Any, what: str, fast: bool = False) -> np.
     return arr.astype(target, copy=False)
 
 
-def check_shape(spec: TensorSpec, arr: np.ndarray, what: str, dims: dict[str, tuple[int, str]]) -> None:
+def check_shape(spec: ServedTensor, arr: np.ndarray, what: str, dims: dict[str, tuple[int, str]]) -> None:
     """Rank and fixed dimensions as the model declares them; a named dynamic dimension must
     have one size across all inputs of a request."""
     if spec.shape is None:
@@ -413,8 +416,8 @@ def _shape_text(shape: tuple[int | str, ...]) -> str:
 
 
 def decode_predict(
-    body: Any, inputs: list[TensorSpec], overridable: Sequence[TensorSpec] = (), fast: bool = False,
-    outputs: Sequence[TensorSpec] = (),
+    body: Any, inputs: list[ServedTensor], overridable: Sequence[ServedTensor] = (), fast: bool = False,
+    outputs: Sequence[ServedTensor] = (),
 ) -> dict[str, np.ndarray]:
     """GPUX: {"<input>": nested list, ...}. `overridable` inputs (initializers) are accepted but
     never named in errors: a model-zoo graph has hundreds. `outputs`: the answer's tensors, all
@@ -448,7 +451,7 @@ def decode_predict(
 
 
 def decode_predict_batch(
-    body: list[Any], inputs: list[TensorSpec], overridable: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+    body: list[Any], inputs: list[ServedTensor], overridable: Sequence[ServedTensor], outputs: Sequence[ServedTensor],
     most: int,
 ) -> list[dict[str, np.ndarray]]:
     """GPUX's batch form: a JSON array of /predict objects, each decoded as one; an error names
@@ -457,7 +460,7 @@ def decode_predict_batch(
         raise RequestError("the array holds no request; send [{\"<input>\": ...}, ...] or one object")
     if len(body) > most:
         raise RequestError(f"{len(body)} requests in one array; this server takes at most {most} at once "
-                           "(GPUX_MAX_QUEUE)", 413)  # fmt: skip
+                           "(GPUX_MAX_QUEUE)", 413)
     feeds = []
     for i, item in enumerate(body):
         try:
@@ -467,7 +470,7 @@ def decode_predict_batch(
     return feeds
 
 
-def _names(inputs: list[TensorSpec]) -> str:
+def _names(inputs: list[ServedTensor]) -> str:
     return ", ".join(s.name for s in inputs)
 
 
@@ -516,136 +519,7 @@ def _finite(v: Any) -> Any:
 # KServe v2 / Open Inference Protocol (REST, JSON tensors)
 
 
-@dataclass
-class V2Request:
-    """What a v2 infer request asks for besides its inputs."""
-
-    id: str | None = None
-    outputs: list[str] | None = None  # None: all
-    binary: dict[str, bool] = field(default_factory=dict)  # output -> as binary data
-    binary_default: bool = False  # parameters.binary_data_output
-
-    def wants_binary(self, name: str) -> bool:
-        return self.binary.get(name, self.binary_default)
-
-
-def split_binary(body: bytes, header_length: str | None) -> tuple[Any, memoryview]:
-    """The binary tensor extension: the first `Inference-Header-Content-Length` bytes are the
-    JSON header, the rest the tensors' bytes in input order."""
-    view = memoryview(body)
-    if header_length is None:
-        return parse_json(view), view[len(view):]
-    text = header_length.strip()
-    if not text.isdigit() or int(text) > len(body):
-        raise RequestError(f"Inference-Header-Content-Length {text[:40]!r}: expected a byte count within the body "
-                           f"({len(body)} bytes)")  # fmt: skip
-    n = int(text)
-    return parse_json(view[:n]), view[n:]
-
-
-def decode_v2(
-    body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], overridable: Sequence[TensorSpec] = (),
-    blobs: memoryview | None = None, budget: int | None = None, fast: bool = False,
-) -> tuple[dict[str, np.ndarray], V2Request]:
-    """v2 infer inputs as numpy (JSON data, or binary data from `blobs`), and what to answer.
-    budget: the most tensor bytes one request may hold, checked from shapes before converting."""
-    if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object with an 'inputs' list")
-    items = body.get("inputs")
-    if not isinstance(items, list) or not items:
-        raise RequestError("'inputs' must be a non-empty list of tensors")
-    by_name = {s.name: s for s in (*overridable, *inputs)}
-    feeds: dict[str, np.ndarray] = {}
-    dims: dict[str, tuple[int, str]] = {}
-    blobs = blobs if blobs is not None else memoryview(b"")
-    offset, total = 0, 0
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise RequestError(f"inputs[{i}]: expected an object with name, shape, datatype and data")
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise RequestError(f"inputs[{i}]: 'name' is missing")
-        what = f"input '{name}'"
-        spec = by_name.get(name)
-        if spec is None:
-            raise RequestError(f"unknown input '{name}'; the model's inputs are: {_names(inputs)}")
-        if name in feeds:
-            raise RequestError(f"{what} is given twice")
-        params = item.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise RequestError(f"{what}: 'parameters' must be an object")
-        for key in ("shape", "datatype"):
-            if key not in item:
-                raise RequestError(f"{what}: '{key}' is missing")
-        shape = item["shape"]
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise RequestError(f"{what}: 'shape' must be a list of non-negative integers")
-        if item["datatype"] != spec.datatype:
-            raise RequestError(f"{what}: datatype {item['datatype']} does not match the model's {spec.datatype}")
-        count = math.prod(shape)
-        total += count * spec.itemsize
-        if budget is not None and total > budget:
-            raise RequestError(f"{what}: shape {shape} makes the request's tensors {total} bytes, more than this "
-                               f"server's budget of {budget} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)  # fmt: skip
-        size = params.get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(blobs):
-                raise RequestError(f"{what}: binary_data_size {size!r} does not fit the {len(blobs) - offset} bytes "
-                                   "of binary data left in the body")  # fmt: skip
-            if "data" in item:
-                raise RequestError(f"{what}: has both 'data' and binary_data_size")
-            arr = from_binary(spec, blobs[offset: offset + size], count, what)
-            offset += size
-        else:
-            if spec.dtype in BINARY_ONLY:
-                raise json_refused(spec)
-            if "data" not in item:
-                raise RequestError(f"{what}: 'data' is missing")
-            arr = to_array(spec, item["data"], what, fast).reshape(-1)
-            if arr.size != count:
-                raise RequestError(f"{what}: shape {shape} needs {count} values, got {arr.size}")
-        arr = arr.reshape(shape)
-        check_shape(spec, arr, what, dims)
-        feeds[name] = arr
-    if offset != len(blobs):
-        raise RequestError(f"the body has {len(blobs) - offset} bytes of binary data that no input claims")
-    for spec in inputs:
-        if spec.required and spec.name not in feeds:
-            raise RequestError(f"missing required input '{spec.name}'")
-    request = V2Request()
-    if "id" in body:
-        if not isinstance(body["id"], str):
-            raise RequestError("'id' must be a string")
-        request.id = body["id"]
-    params = body.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise RequestError("'parameters' must be an object")
-    request.binary_default = params.get("binary_data_output") is True
-    wanted = body.get("outputs")
-    if wanted is not None:
-        known = [s.name for s in outputs]
-        if not isinstance(wanted, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted):
-            raise RequestError("'outputs' must be a list of objects with a 'name'")
-        request.outputs = []
-        for o in wanted:
-            if o["name"] not in known:
-                raise RequestError(f"unknown output '{o['name']}'; the model's outputs are: {', '.join(known)}")
-            if o["name"] in request.outputs:
-                raise RequestError(f"output '{o['name']}' is asked for twice")
-            request.outputs.append(o["name"])
-            oparams = o.get("parameters") or {}
-            if not isinstance(oparams, dict):
-                raise RequestError(f"output '{o['name']}': 'parameters' must be an object")
-            if "binary_data" in oparams:
-                request.binary[o["name"]] = oparams["binary_data"] is True
-    for spec in outputs:
-        if spec.dtype in BINARY_ONLY and (request.outputs is None or spec.name in request.outputs) \
-                and not request.wants_binary(spec.name):
-            raise json_refused(spec, output=True)
-    return feeds, request
-
-
-def from_binary(spec: TensorSpec, data: memoryview, count: int, what: str) -> np.ndarray:
+def from_binary(spec: ServedTensor, data: memoryview, count: int, what: str) -> np.ndarray:
     """Raw little-endian tensor bytes, or BYTES elements as a 4-byte length and the bytes."""
     if spec.dtype == "string":
         out, pos, raw = [], 0, bytes(data)
@@ -667,35 +541,8 @@ def from_binary(spec: TensorSpec, data: memoryview, count: int, what: str) -> np
     dtype = np.dtype(DTYPES[spec.dtype][0]).newbyteorder("<")
     if len(data) != count * dtype.itemsize:
         raise RequestError(f"{what}: the shape needs {count * dtype.itemsize} bytes of {spec.datatype}, "
-                           f"binary_data_size is {len(data)}")  # fmt: skip
+                           f"binary_data_size is {len(data)}")
     return np.frombuffer(data, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
-
-
-def encode_v2(outputs: dict[str, Any], specs: dict[str, TensorSpec], request: V2Request | None = None,
-              head: dict[str, Any] | None = None) -> tuple[bytes, int | None]:
-    """The v2 response: (body, the JSON header's length when binary data follows it, else None)."""
-    request = request or V2Request()
-    items, blobs = [], []
-    for name, value in outputs.items():
-        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-        spec = specs.get(name)
-        datatype = spec.datatype if spec and spec.dtype in DTYPES else "BYTES"
-        item: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
-        if request.wants_binary(name) and (datatype != "BYTES" or arr.dtype.kind in "OUS"):
-            blob = to_binary(arr, datatype) if datatype == "BYTES" else binary_view(arr)
-            item["parameters"] = {"binary_data_size": blob.nbytes if isinstance(blob, memoryview) else len(blob)}
-            blobs.append(blob)
-        elif spec is not None and spec.dtype in BINARY_ONLY:  # decode_v2 refused such a request already
-            raise json_refused(spec, output=True)
-        elif datatype == "BYTES" or arr.dtype.kind in "OUS" or arr.dtype == np.float16:
-            item["data"] = to_json(arr.reshape(-1)) if arr.ndim else [to_json(value)]
-        else:
-            item["data"] = np.ascontiguousarray(arr).reshape(-1)
-        items.append(item)
-    header = dumps({**(head or {}), "outputs": items})
-    if not blobs:
-        return header, None
-    return b"".join([header, *blobs]), len(header)
 
 
 def to_binary(arr: np.ndarray, datatype: str) -> bytes:

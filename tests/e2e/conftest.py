@@ -33,7 +33,7 @@ def _start_registry(root: Path, auth: str) -> tuple[subprocess.Popen, str]:
         f"auth: {auth}\n"
     )
     proc = subprocess.Popen([binary, "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
-                            stderr=open(root / "registry.log", "wb"))  # fmt: skip
+                            stderr=open(root / "registry.log", "wb"))
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -86,7 +86,7 @@ def token_registry(tmp_path_factory):
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(hours=2))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))  # fmt: skip
+            .sign(key, hashes.SHA256()))
     (root / "issuer.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     chain = [base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()]
     issued = []
@@ -124,7 +124,7 @@ def token_registry(tmp_path_factory):
     realm = f"http://127.0.0.1:{server.server_address[1]}/token"
     proc, address = _start_registry(
         root, f"{{token: {{realm: '{realm}', service: gpux-test-registry, issuer: gpux-test, "
-              f"rootcertbundle: {root / 'issuer.pem'}}}}}")  # fmt: skip
+              f"rootcertbundle: {root / 'issuer.pem'}}}}}")
     yield address, issued
     proc.terminate()
     proc.wait(timeout=10)
@@ -146,4 +146,4 @@ def _with_grpc(example: str, tmp_path: Path) -> Path:
 def grpc_images(docker_client, tags, tmp_path_factory) -> dict:
     """The examples with serving.grpc_port 8001, built once for every module that serves gRPC."""
     return {example: build_image(_with_grpc(example, tmp_path_factory.mktemp(example)), tags(f"grpc-{example}:cpu"))
-            for example in ("mlp", "text-classifier", "strings")}  # fmt: skip
+            for example in ("mlp", "text-classifier", "strings")}

@@ -33,7 +33,7 @@ def arm64_base(docker_client):
 @pytest.fixture(scope="module")
 def arm64_image(docker_client, tags, arm64_base):
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/arm64", "--base-image", arm64_base,
-                   "--tag", tags("mlp:arm64"), "--json")  # fmt: skip
+                   "--tag", tags("mlp:arm64"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     image = json.loads(proc.stdout)["images"][0]
     assert image["platform"] == "linux/arm64"
@@ -98,7 +98,7 @@ def test_every_shared_library_is_aarch64(arm64_image, docker_client):
 def test_numpy_imports_in_the_arm64_image_under_qemu(arm64_image, docker_client):
     probe = "import platform, numpy; print(platform.machine(), numpy.__version__, float(numpy.arange(4).sum()))"
     out = docker_client.containers.run(arm64_image["tag"], entrypoint=["python3", "-c", probe], remove=True,
-                                       platform="linux/arm64", read_only=True)  # fmt: skip
+                                       platform="linux/arm64", read_only=True)
     machine, version, total = out.decode().split()
     assert machine == "aarch64" and version.startswith("2.") and total == "6.0"
 
@@ -106,14 +106,14 @@ def test_numpy_imports_in_the_arm64_image_under_qemu(arm64_image, docker_client)
 def test_render_for_arm64_writes_no_run(tmp_path, arm64_base):
     out = tmp_path / "ctx"
     proc = run_cli("render", str(EXAMPLES / "mlp"), "--provider", "cpu", "--platform", "linux/arm64",
-                   "--base-image", arm64_base, "--output", str(out))  # fmt: skip
+                   "--base-image", arm64_base, "--output", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "link check: CPUExecutionProvider: " in proc.stderr  # on the host, over the arm64 base's files
     dockerfile = (out / "Dockerfile").read_text()
     assert "\nRUN " not in dockerfile and f"\nFROM {arm64_base}\n" in dockerfile
     with tarfile.open(out / "packages.tar") as packages:
         [pybind] = [m for m in packages if re.fullmatch(r"opt/gpux/site-packages/onnxruntime/capi/"
-                                                        r"onnxruntime_pybind11_state[^/]*\.so", m.name)]  # fmt: skip
+                                                        r"onnxruntime_pybind11_state[^/]*\.so", m.name)]
         head = packages.extractfile(pybind).read(20)  # type: ignore[union-attr]
     assert struct.unpack_from("<H", head, 18)[0] == EM_AARCH64
 
@@ -123,7 +123,7 @@ def test_link_check_fails_an_arm64_cuda_build_naming_cublas(tmp_path, tags, dock
     (project / "gpux.yml").write_text((project / "gpux.yml").read_text() + "pack:\n  nvidia_libs: base\n")
     tag = tags("linkcheck:arm64")
     proc = run_cli("build", str(project), "--provider", "cuda", "--platform", "linux/arm64",
-                   "--base-image", arm64_base, "--tag", tag)  # fmt: skip
+                   "--base-image", arm64_base, "--tag", tag)
     assert proc.returncode == 1, proc.stderr[-2000:]
     line = next(x for x in proc.stderr.splitlines() if x.startswith("error: "))
     assert line.startswith("error: link check failed: CUDAExecutionProvider cannot load: libcublasLt.so.13"), line
@@ -132,7 +132,7 @@ def test_link_check_fails_an_arm64_cuda_build_naming_cublas(tmp_path, tags, dock
 
 def test_platform_and_base_image_must_agree(tmp_path):
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/arm64", "--base-image", BASE_IMAGE,
-                   "--tag", "never:arm64")  # fmt: skip
+                   "--tag", "never:arm64")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: --platform linux/arm64: base image {BASE_IMAGE} is for x86_64; "

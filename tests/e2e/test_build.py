@@ -82,7 +82,7 @@ def test_render_then_plain_build_gives_the_same_image(tmp_path, docker_client, t
     # runtime base image (the image ids differ only by their build history)
     plain = tags("render:plain")
     proc = subprocess.run(["docker", "build", "-q", "-t", plain, str(out)], capture_output=True, text=True,
-                          env={**os.environ, "DOCKER_BUILDKIT": "0"}, timeout=600)  # fmt: skip
+                          env={**os.environ, "DOCKER_BUILDKIT": "0"}, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert built["assembled"], "gpux-pack build assembles the image on the host"
     assert layers(docker_client, plain) == layers(docker_client, built["tag"])
@@ -110,7 +110,7 @@ def test_image_is_slim_non_root_and_read_only(mlp_image, docker_client):
     out = docker_client.containers.run(
         image.id, entrypoint=["python3", "-c", probe], remove=True,
         read_only=True, tmpfs={"/tmp": "rw"},
-    )  # fmt: skip
+    )
     facts = json.loads(out)
     assert facts == {"uid": 10001, "present": [], "compilers": [], "pip_cache": False, "writable_root": False}
     base = docker_client.images.get(image.attrs["Config"]["Labels"]["org.opencontainers.image.base.name"])
@@ -165,7 +165,7 @@ def test_failed_build_prints_the_step_and_keeps_the_previous_tag(tmp_path, docke
     # a base without libstdc++: python3 needs none, the link check on the host fails
     docker_client.images.build(
         fileobj=io.BytesIO(f"FROM {BASE_IMAGE}\nRUN rm -f /usr/lib/x86_64-linux-gnu/libstdc++.so.6*\n".encode()),
-        tag=broken_base, rm=True)  # fmt: skip
+        tag=broken_base, rm=True)
     project = copy_example("mlp", tmp_path)
     tag = tags("keep:1")
     good = build_image(project, tag)
@@ -196,7 +196,7 @@ def test_baked_warmup_commits_a_serving_image(tmp_path, docker_client, tags, mlp
         # ONNX Runtime's telemetry client left nothing, neither in the committed warmup nor in /tmp
         code, out = server.container.get_wrapped_container().exec_run(
             ["find", "/", "(", "-path", "/proc", "-o", "-path", "/sys", ")", "-prune", "-o",
-             "(", "-name", ".ses", "-o", "-name", "Microsoft", ")", "-print"], user="0")  # fmt: skip
+             "(", "-name", ".ses", "-o", "-name", "Microsoft", ")", "-print"], user="0")
         assert code == 0 and out.decode().split() == [], out
 
 
@@ -247,7 +247,7 @@ def test_the_engines_builder_makes_the_same_layers(tmp_path, docker_client, tags
     base = tags("builder-base:1")  # a base of its own name: a runtime base of its own, built now
     docker_client.images.get(BASE_IMAGE).tag(base)
     built = build_image(project, tags("builder:built"), "--base-image", base,
-                        env={**SAME_TIME, "GPUX_PACK_ASSEMBLE": "0"})  # fmt: skip
+                        env={**SAME_TIME, "GPUX_PACK_ASSEMBLE": "0"})
     request.addfinalizer(lambda: docker_client.images.remove(built["runtime_base"], force=True))
     assert assembled["assembled"] and not built["assembled"] and built["runtime_base_built"]
     assert built["steps"] == 5  # FROM, EXPOSE, ADD model.tar, ADD config.tar, LABEL
@@ -285,7 +285,7 @@ def test_external_data_in_two_spellings_is_baked_once_and_served(tmp_path, tags)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])], "g",
         [helper.make_tensor_value_info("x", T.FLOAT, ["n", 64])], [helper.make_tensor_value_info("y", T.FLOAT, ["n", 8])],
-        inits)  # fmt: skip
+        inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     (folder / "model.onnx").write_bytes(model.SerializeToString())
@@ -327,7 +327,7 @@ pack:
 def test_label_values_are_one_rule_built_and_rendered(tmp_path, docker_client, tags, monkeypatch):
     """`build` (assembled on the host) and `render` + `docker build` give the same label bytes,
     the plan's, for values with every kind of separator, control and format character."""
-    from gpux_pack.commands.build import load, plan_for
+    from gpux_pack.pipeline.build import load, plan_for
     from gpux_pack.plan import Options, with_lock
     from gpux_pack.ui import Reporter
     from gpux_pack.wheels import Lock, Pin
@@ -344,13 +344,13 @@ def test_label_values_are_one_rule_built_and_rendered(tmp_path, docker_client, t
     assert proc.returncode == 0, proc.stderr
     plain = tags("labels:plain")
     proc = subprocess.run(["docker", "build", "-q", "-t", plain, str(out)], capture_output=True, text=True,
-                          env={**os.environ, "DOCKER_BUILDKIT": "0"}, timeout=600)  # fmt: skip
+                          env={**os.environ, "DOCKER_BUILDKIT": "0"}, timeout=600)
     assert proc.returncode == 0, proc.stderr
     ours, theirs = (docker_client.images.get(ref).attrs["Config"]["Labels"] for ref in (built["tag"], plain))
     assert ours == theirs
     monkeypatch.setenv("SOURCE_DATE_EPOCH", SAME_TIME["SOURCE_DATE_EPOCH"])
     plan = plan_for(load(project), "cpu", "test", Options(base_image=BASE_IMAGE), None, Reporter(quiet=True),
-                    pull=False)  # fmt: skip
+                    pull=False)
     pin = Pin(plan.provider.ort, ours["io.gpux.onnxruntime.version"], frozenset())
     expected = with_lock(plan, Lock(plan.target, plan.requirements, (pin,))).labels
     assert {k: ours[k] for k in expected} == expected

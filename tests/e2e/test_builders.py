@@ -53,7 +53,7 @@ def context_layers(context: Path, uname: bytes) -> list[str]:
             for info in archive:
                 data = None if info.isdir() else (archive.extractfile(info) or b"").read()  # type: ignore[union-attr]
                 members.append(layer_tar.Member(info.name.rstrip("/"), info.mode & 0o7777, int(info.mtime), data=data,
-                                                uid=info.uid, gid=info.gid))  # fmt: skip
+                                                uid=info.uid, gid=info.gid))
         out.append(layer_tar.digest(layer_tar.walk_order(members), uname))
     return out
 
@@ -66,7 +66,7 @@ def rendered(tmp_path_factory, docker_client, tags) -> Rendered:
     built = build_image(project, tags("builders:gpux-pack"), env=SAME_TIME)
     context = tmp / "context"
     proc = run_cli("render", str(project), "--provider", "cpu", "--base-image", BASE_IMAGE, "--output", str(context),
-                   env=SAME_TIME)  # fmt: skip
+                   env=SAME_TIME)
     assert proc.returncode == 0, proc.stderr
     base = docker_client.images.get(BASE_IMAGE).attrs["RootFS"]["Layers"]
     layers = docker_client.images.get(built["tag"]).attrs["RootFS"]["Layers"]
@@ -124,7 +124,7 @@ def podman_built(rendered, podman_base, tmp_path_factory) -> list[str]:
 
     sock = tmp_path_factory.mktemp("podman") / "podman.sock"
     service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{sock}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     tag = f"localhost/gpux-test-{RUN_ID}/builders-gpux-pack:1"
     made: list[str] = [tag]
     try:

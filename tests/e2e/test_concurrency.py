@@ -39,7 +39,7 @@ def cold_cache(dest: Path) -> Path:
 def runtime_tag(tmp_path: Path) -> str:
     cache = cold_cache(tmp_path / "plan-cache")
     proc = run_cli("plan", str(EXAMPLES / "mlp"), "--base-image", BASE_IMAGE, "--json",
-                   env={"GPUX_PACK_CACHE_DIR": str(cache)})  # fmt: skip
+                   env={"GPUX_PACK_CACHE_DIR": str(cache)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)["plans"][0]["runtime_base"]["tag"]
 
@@ -59,7 +59,7 @@ def start_build(tag: str, cache: Path) -> subprocess.Popen:
         [sys.executable, "-m", "gpux_pack", "build", str(EXAMPLES / "mlp"), "--base-image", BASE_IMAGE,
          "--tag", tag, "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    )
 
 
 def temporaries(cache: Path) -> list[Path]:

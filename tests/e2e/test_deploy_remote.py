@@ -44,7 +44,7 @@ def put_image(registry: str, repo_tag: str, labels: dict[str, str], **auth) -> s
     repo, tag = repo_tag.split(":")
     base = f"http://{registry}/v2/{repo}"
     config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": labels},
-                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()  # fmt: skip
+                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()
     config_digest = f"sha256:{hashlib.sha256(config).hexdigest()}"
     upload = requests.post(f"{base}/blobs/uploads/", timeout=10, **auth)
     assert upload.status_code == 202, upload.text
@@ -55,7 +55,7 @@ def put_image(registry: str, repo_tag: str, labels: dict[str, str], **auth) -> s
     assert done.status_code == 201, done.text
     body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
                        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest,
-                                  "size": len(config)}}).encode()  # fmt: skip
+                                  "size": len(config)}}).encode()
     put = requests.put(f"{base}/manifests/{tag}", data=body, timeout=10,
                        **{**auth, "headers": {**auth.get("headers", {}), "Content-Type": OCI_MANIFEST}})
     assert put.status_code == 201, put.text
@@ -70,7 +70,7 @@ def remote_only(registry, tmp_path_factory, docker_client):  # noqa: F811
     tag = f"{registry}/team/remote-only:1.0.0-cpu"
     env = login(tmp_path_factory.mktemp("login"), registry, PASSWORD)
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json",
-                   env=env)  # fmt: skip
+                   env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     digest = json.loads(proc.stdout)["images"][0]["digest"]
     docker_client.images.remove(tag, force=True)
@@ -118,7 +118,7 @@ def test_inspect_reads_the_registry_and_run_pulls_as_docker_run_does(remote_only
     run = run_cli("run", tag, "--detach", env=env)  # --pull missing: pulled with the login's credentials
     try:
         assert run.returncode == 0, run.stderr
-        url, container = run.stdout.split()[0], run.stdout.split()[-1]
+        url = run.stdout.split()[0]
         assert requests.post(url + "/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30).status_code == 200
         assert docker_client.images.get(tag).id == info["id"]
     finally:
@@ -144,10 +144,10 @@ def test_an_index_tag_pins_the_index_and_its_amd64_member_is_read(remote_only, r
                             headers={"Accept": OCI_MANIFEST + ", application/vnd.docker.distribution.manifest.v2+json"})
     assert manifest.status_code == 200, manifest.text
     entry = {"mediaType": manifest.headers["Content-Type"], "digest": digest.split("@")[1],
-             "size": len(manifest.content)}  # fmt: skip
+             "size": len(manifest.content)}
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
         {**entry, "platform": {"architecture": "unknown", "os": "unknown"}},
-        {**entry, "platform": {"architecture": "amd64", "os": "linux"}}]}  # fmt: skip
+        {**entry, "platform": {"architecture": "amd64", "os": "linux"}}]}
     body = json.dumps(index).encode()
     put = requests.put(f"{base}/manifests/multi", data=body, auth=auth, timeout=10, headers={"Content-Type": OCI_INDEX})
     assert put.status_code == 201, put.text
@@ -172,7 +172,7 @@ def test_not_ours_unknown_tag_wrong_password_unreachable_are_one_line(remote_onl
     assert wrong.returncode == 1 and "authentication failed" in one_error_line(wrong)
     closed = f"127.0.0.1:{free_port()}"
     nowhere = run_cli("deploy", f"{closed}/team/remote-only:1", "--target", "compose",
-                      env=login(tmp_path / "closed", closed, PASSWORD))  # fmt: skip
+                      env=login(tmp_path / "closed", closed, PASSWORD))
     assert nowhere.returncode == 1 and f"registry {closed} unreachable" in one_error_line(nowhere)
     bare = run_cli("deploy", "gpux-test/never-built:1", "--target", "compose", env=env)
     assert bare.returncode == 2 and "no such image on this Docker engine" in one_error_line(bare)
@@ -184,13 +184,13 @@ def test_a_bearer_token_registry_is_read_with_a_pull_token(token_registry, tmp_p
     challenge = requests.get(f"http://{registry}/v2/", timeout=10).headers["WWW-Authenticate"]
     realm = challenge.split('realm="')[1].split('"')[0]
     token = requests.get(realm, params={"service": "gpux-test-registry", "scope": "repository:team/tokened:pull,push"},
-                         auth=(USER, PASSWORD), timeout=10).json()["token"]  # fmt: skip
+                         auth=(USER, PASSWORD), timeout=10).json()["token"]
     labels = {"io.gpux.pack.version": "0.1.0", "io.gpux.provider": "cpu", "io.gpux.port": "8080",
-              "io.gpux.model.name": "tokened"}  # fmt: skip
+              "io.gpux.model.name": "tokened"}
     digest = put_image(registry, "team/tokened:1", labels, headers={"Authorization": f"Bearer {token}"})
     issued.clear()
     proc = run_cli("deploy", f"{registry}/team/tokened:1", "--target", "compose",
-                   env=login(tmp_path / "ok", registry, PASSWORD))  # fmt: skip
+                   env=login(tmp_path / "ok", registry, PASSWORD))
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["services"]["tokened"]["image"] == f"{registry}/team/tokened@{digest}"
     assert issued and all(a == [{"type": "repository", "name": "team/tokened", "actions": ["pull"]}] for a in issued)
@@ -223,7 +223,7 @@ def test_build_push_json_replays_and_pushes_only_the_new_weights(registry, tmp_p
         assert after and after != before
         manifest = requests.get(f"http://{registry}/v2/team/replayed/manifests/{after.split('@')[1]}",
                                 auth=(USER, PASSWORD), timeout=10,
-                                headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})  # fmt: skip
+                                headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
         assert manifest.status_code == 200, manifest.text
         assert "layer already exists" in second.stderr, second.stderr[-2000:]  # all but the model layer
     finally:

@@ -30,7 +30,7 @@ def v2_json(server, name: str, x: np.ndarray) -> dict:
     return r.json()
 
 
-def test_serve_answers_as_the_image_does(mlp_image, tmp_path, serving):
+def test_serve_answers_as_the_image_does(mlp_image, tmp_path, serving):  # noqa: F811 (the fixture imported above)
     local = serving(copy_example("mlp", tmp_path))
     with serve(mlp_image["tag"]) as image:
         local.wait_ready()
@@ -51,7 +51,7 @@ def test_serve_answers_as_the_image_does(mlp_image, tmp_path, serving):
             assert_outputs(a.json(), expected)
             va, vb = v2_json(local, "iris-mlp", x), v2_json(image, "iris-mlp", x)
             assert [(o["name"], o["datatype"], o["shape"]) for o in va["outputs"]] == \
-                   [(o["name"], o["datatype"], o["shape"]) for o in vb["outputs"]]  # fmt: skip
+                   [(o["name"], o["datatype"], o["shape"]) for o in vb["outputs"]]
             assert (va["model_name"], va.get("model_version")) == (vb["model_name"], vb.get("model_version"))
             for oa, ob in zip(va["outputs"], vb["outputs"]):
                 np.testing.assert_allclose(oa["data"], ob["data"], atol=1e-5, rtol=0)
@@ -70,7 +70,7 @@ def containers_of(client, tag: str) -> list:
 def created(client, tag: str, since: float) -> int:
     """How many containers of the image were created since `since` (the engine's events)."""
     events = client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
-                           filters={"type": "container", "event": "create", "label": f"io.gpux.image={tag}"})  # fmt: skip
+                           filters={"type": "container", "event": "create", "label": f"io.gpux.image={tag}"})
     return sum(1 for _ in events)
 
 
@@ -98,9 +98,9 @@ def test_predict_image_starts_a_fresh_container_and_removes_it(mlp_image, docker
     # inputs the model refuses: exit 2, one line naming the --input, the container gone too
     np.save(tmp_path / "wide.npy", np.zeros((2, 5), np.float32))
     one_error_line(run_cli("predict", tag, "--input", f"features={tmp_path / 'wide.npy'}", cwd=ROOT, timeout=300),
-                   f"--input features={tmp_path / 'wide.npy'}", "must be 4", after=("starting ",))  # fmt: skip
+                   f"--input features={tmp_path / 'wide.npy'}", "must be 4", after=("starting ",))
     one_error_line(run_cli("predict", tag, "--input", f"features={tmp_path / 'nope.npy'}", cwd=ROOT, timeout=300),
-                   "nope.npy")  # fmt: skip  (no file: refused before any container)
+                   "nope.npy")  # (no file: refused before any container)
     assert containers_of(docker_client, tag) == []
     assert docker_client.containers.list(all=True, filters={"ancestor": tag}) == []
     assert created(docker_client, tag, since) == 3
@@ -150,7 +150,7 @@ REPLAYED = "only the model's weights changed"
 
 
 def test_a_weights_only_rebuild_replays_the_last_build_and_equals_a_full_one(tmp_path, tags, docker_client):
-    """The same `build` after new weights: replayed (commands/rebuild.py), and the very image the
+    """The same `build` after new weights: replayed (pipeline/rebuild.py), and the very image the
     full build makes; a renamed input, broken bytes or an edited gpux.yml meet the full build."""
     import onnx
     from onnx import numpy_helper
@@ -211,7 +211,7 @@ def test_a_weights_only_rebuild_replays_the_last_build_and_equals_a_full_one(tmp
     rewritten = run_cli(*args, env=env)
     assert rewritten.returncode == 0 and REPLAYED in rewritten.stderr, rewritten.stderr
     # build --json, as CI pipelines call it: replayed too, with the summary a full build prints
-    from gpux_pack.commands.summary import BuildSummary
+    from gpux_pack.commands.build import BuildSummary
 
     assert run_cli(*args, "--json", env=env).returncode == 0  # the first --json build records
     edit(bump)

@@ -16,7 +16,7 @@ from tests.conftest import build_image, serve
 from tests.gpux_forms import BUILDABLE, project
 
 _NUMPY = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int32": np.int32, "string": object,
-          "bool": np.bool_, "uint8": np.uint8}  # fmt: skip
+          "bool": np.bool_, "uint8": np.uint8}
 MAX_ANSWER = 1 << 20  # elements: a form declaring more (llm-chat's 2048 x 32000 logits) is checked up to /info
 
 
@@ -33,7 +33,7 @@ def _request(entry: dict) -> dict:
 def test_published_gpux_forms_build_and_serve_gpux_answers(entry, tmp_path, tags, docker_client):
     folder = project(entry, tmp_path / "p")
     image = build_image(folder, tags(f"form-{entry['file'][:2]}:cpu"), "--provider", "cpu",
-                        env={"MODEL_PATH": ".", **entry["env"]})  # fmt: skip
+                        env={"MODEL_PATH": ".", **entry["env"]})
     for key in entry["ignored_keys"]:
         assert any(f": {key}: " in note for note in image["notes"]), (key, image["notes"])
     port = int(docker_client.images.get(image["tag"]).labels["io.gpux.port"])  # serving.port, any host
@@ -61,7 +61,7 @@ def test_docs_render_in_a_headless_browser_from_a_read_only_container(mlp_image,
         dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
                               "--dump-dom", server.url + "/docs"],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+                             capture_output=True, text=True, timeout=120)
     assert 'data-loaded="yes"' in dom.stdout, (dom.stdout[-2000:], dom.stderr[-2000:])
     for path in spec["paths"]:
         assert f'data-path="{path}"' in dom.stdout, path

@@ -26,7 +26,7 @@ def _model(path, seed: int) -> None:
         nodes.append(helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"], [f"h{i}"]))
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
                               [helper.make_tensor_value_info(f"h{LAYERS - 1}", TensorProto.FLOAT, ["batch", WIDTH])],
-                              inits)  # fmt: skip
+                              inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
@@ -38,7 +38,7 @@ def _build(project, tag, tmp_path) -> tuple[int, int, str]:
     starter = ("import resource, subprocess, sys\n"
                "code = subprocess.run(sys.argv[2:]).returncode\n"
                "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))\n"
-               "sys.exit(code)\n")  # fmt: skip
+               "sys.exit(code)\n")
     proc = subprocess.run([sys.executable, "-c", starter, str(peak), sys.executable, "-m", "gpux_pack", "build",
                            str(project), "--base-image", BASE_IMAGE, "--tag", tag], capture_output=True, text=True)
     return proc.returncode, int(peak.read_text()), proc.stderr

@@ -37,7 +37,7 @@ def _bodies(size: int) -> dict[str, tuple[str, bytes]]:
     head = head[: head.rindex(b"[0]")] + b"[" + b"5.1,3.5,1.4,0.2," * (rows - 1) + b"5.1,3.5,1.4,0.2]}]}"
     escaped = predict[:-1] + b', "note": "caf\\u00e9"}'  # a backslash: no split, Python objects
     return {"predict": ("/predict", predict), "v2": ("/v2/models/iris-mlp/infer", head),
-            "escaped": ("/predict", escaped)}  # fmt: skip
+            "escaped": ("/predict", escaped)}
 
 
 @pytest.mark.parametrize("memory", ["256m", "128m"])
@@ -102,7 +102,7 @@ def _binary(rows: int) -> tuple[bytes, dict[str, str]]:
     x = np.full((rows, 4), 0.5, np.float32)
     head = json.dumps({"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32",
                                    "parameters": {"binary_data_size": x.nbytes}}],
-                       "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+                       "parameters": {"binary_data_output": True}}).encode()
     return head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))}
 
 
@@ -118,7 +118,7 @@ def test_parallel_and_sequential_requests_inside_the_limits_never_oom_kill(grpc_
     limit = int(memory[:-1]) * MiB // 16  # the body limit
     small, small_headers = _binary(4096)
     bursts = {"binary": [_binary(big // 16)] * (10 if memory == "512m" else 4),
-              "json": [(_bodies(limit - 64)["v2"][1], {})] * 4}  # fmt: skip
+              "json": [(_bodies(limit - 64)["v2"][1], {})] * 4}
     with serve(grpc_images["mlp"]["tag"], extra_ports=(8001,), mem_limit=memory, **LOCKED) as server:
         url = server.url + "/v2/models/iris-mlp/infer"
         for name, requests_ in bursts.items():
@@ -154,17 +154,17 @@ def test_eight_trickling_uploads_do_not_hold_other_clients_off(mlp_image):
             for _ in range(8):
                 sock = socket.create_connection(("127.0.0.1", port), timeout=30)
                 sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: 8388608\r\n\r\n" + b'{"features": [' + b"[1,2,3,4]," * 100)  # fmt: skip
+                             b"Content-Length: 8388608\r\n\r\n" + b'{"features": [' + b"[1,2,3,4]," * 100)
                 slow.append(sock)
             for _ in range(3):  # the tricklers keep sending (each under the read timeout) while others ask
                 for sock in slow:
                     sock.sendall(b"[1,2,3,4]," * 10)
                 answers = [server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]] * 1000}).status_code
-                           for _ in range(10)]  # fmt: skip
+                           for _ in range(10)]
                 assert answers == [200] * 10, answers
             metrics = server.get("/metrics").text
             assert 'gpux_refused_total{reason="memory"}' not in metrics or \
-                   'gpux_refused_total{reason="memory"} 0.0' in metrics  # fmt: skip
+                   'gpux_refused_total{reason="memory"} 0.0' in metrics
         finally:
             for sock in slow:
                 sock.close()

@@ -23,7 +23,7 @@ def ir14_project(folder: Path) -> Path:
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
         "affine", [x], [y], initializer=[numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "b")],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, ir_version=14, opset_imports=[helper.make_opsetid("", PROVIDERS["cpu"].onnx_opset)])
     save(model, str(folder / "model.onnx"))
     (folder / "gpux.yml").write_text("name: affine\nversion: 1.0.0\nmodel:\n  source: model.onnx\n")

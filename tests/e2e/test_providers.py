@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gpux_pack.runtime.warm import cpu_vendor
+from gpux_pack.runtime.devices import cpu_vendor
 from tests.conftest import BASE_IMAGE, EXAMPLES, copy_example, free_port, intel_cpu, on_intel_cpu, run_cli, serve
 
 pytestmark = pytest.mark.e2e
@@ -222,7 +222,7 @@ def test_run_in_the_foreground_stops_and_removes_on_ctrl_c(mlp_image, docker_cli
     import sys
 
     proc = subprocess.Popen([sys.executable, "-m", "gpux_pack", "run", mlp_image["tag"]], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # printed once ready
         assert line.startswith("http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -246,13 +246,13 @@ def test_bench_compares_cpu_and_openvino(tags, tmp_path):
     wanted = "cpu,openvino" if intel_cpu() else "cpu"
     if not intel_cpu():
         proc = run_cli("bench", str(copy_example("mlp", tmp_path / "ov")), "--provider", "openvino", "--base-image",
-                       BASE_IMAGE, "--tag", tag, "--runs", "50")  # fmt: skip
+                       BASE_IMAGE, "--tag", tag, "--runs", "50")
         assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].endswith(
             "the OpenVINOExecutionProvider plugin offers no CPU device here: this CPU is "
             f"{cpu_vendor()[0]}, {cpu_vendor()[1]}; the plugin offers devices on Intel's (vendor id 0x8086) "
             "only; this Docker host has none (run with --cpu-fallback to serve on CPU)"), proc.stderr[-2000:]
     proc = run_cli("bench", str(copy_example("mlp", tmp_path)), "--provider", wanted, "--base-image",
-                   BASE_IMAGE, "--tag", tag, "--runs", "50", "--concurrency", "2", "--json")  # fmt: skip
+                   BASE_IMAGE, "--tag", tag, "--runs", "50", "--concurrency", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {r["provider"]: r for r in json.loads(proc.stdout)["results"]}
     assert set(results) == set(wanted.split(","))

@@ -35,7 +35,7 @@ def test_build_push_digest_pull_by_digest_and_serve(registry, tmp_path, docker_c
     tag = f"{registry}/team/iris-mlp:1.0.0-cpu"
     env = _docker_config(tmp_path, registry, PASSWORD)
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json",
-                   env=env)  # fmt: skip
+                   env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     import jsonschema
@@ -85,7 +85,7 @@ def pushed(registry, tmp_path_factory, docker_client):
     tag = f"{registry}/team/deployed:1.0.0-cpu"
     env = _docker_config(tmp_path_factory.mktemp("login"), registry, PASSWORD)
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json",
-                   env=env)  # fmt: skip
+                   env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     yield tag, json.loads(proc.stdout)["images"][0]["digest"]
     docker_client.images.remove(tag, force=True)
@@ -97,7 +97,7 @@ def _compose_schema(tmp_path: Path) -> dict:
     import zipfile
 
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "docker-compose==1.29.2", "--no-deps", "-q",
-                           "-d", str(tmp_path)], capture_output=True, text=True)  # fmt: skip
+                           "-d", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with zipfile.ZipFile(next(tmp_path.glob("docker_compose-*.whl"))) as z:
         return json.loads(z.read("compose/config/compose_spec.json"))
@@ -124,7 +124,7 @@ def test_deploy_kubernetes_validates_pins_the_digest_and_locks_the_pod_down(push
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
     assert container["livenessProbe"]["exec"]["command"][-2:] == ["healthcheck", "--live"]  # podman: no curl
     assert container["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["terminationGracePeriodSeconds"] > 8
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -157,7 +157,7 @@ def test_deploy_compose_validates_and_a_gpu_image_requests_its_device(pushed, tm
     assert deploy.compose(cuda)["services"]["m"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     rocm = deploy.Subject(digest, "m", "rocm", "amd", 8080, None)
     assert deploy.kubernetes(rocm)[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
-        "amd.com/gpu"] == 1  # fmt: skip
+        "amd.com/gpu"] == 1
     schema.validate(deploy.compose(rocm))
     schema.validate(deploy.compose(cuda, deploy.scaling(3)))  # replicas: deploy.replicas, ports Docker picks
     with pytest.raises(jsonschema.ValidationError):
@@ -218,7 +218,7 @@ def test_deploy_compose_replicas_run_and_serve(pushed, tmp_path, docker_client):
         ports = set()
         for index in (1, 2):
             port = subprocess.run([*compose, "port", "--index", str(index), "iris-mlp", "8080"], capture_output=True,
-                                  text=True, timeout=60).stdout.strip().rsplit(":", 1)[-1]  # fmt: skip
+                                  text=True, timeout=60).stdout.strip().rsplit(":", 1)[-1]
             ports.add(port)
             deadline, status = time.monotonic() + 120, None
             while time.monotonic() < deadline:
@@ -249,14 +249,14 @@ def test_deploy_scales_out_with_an_autoscaler_a_budget_and_a_shared_cache(pushed
     for target, name in files.items():
         out = tmp_path / target
         proc = run_cli("deploy", tag, "--target", target, "--max-replicas", "4", "--cache-claim", "c",
-                       "--output", str(out))  # fmt: skip
+                       "--output", str(out))
         assert proc.returncode == 0, proc.stderr
         found[target] = list(yaml.safe_load_all((out / name).read_text()))
         validate(found[target])  # Kubernetes objects by the API's schemas, the InferenceService by KServe's
     kinds = {target: [d["kind"] for d in docs] for target, docs in found.items()}
     assert kinds == {"kubernetes": ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
                                     "PersistentVolumeClaim"],
-                     "kserve": ["InferenceService", "PodDisruptionBudget", "PersistentVolumeClaim"]}  # fmt: skip
+                     "kserve": ["InferenceService", "PodDisruptionBudget", "PersistentVolumeClaim"]}
     deployment, _, hpa, budget, claim = found["kubernetes"]
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4) and "replicas" not in deployment["spec"]
     assert budget["spec"]["maxUnavailable"] == 1
@@ -294,7 +294,7 @@ def _two_platforms(registry: str, env: dict[str, str], authorization: str, docke
     tag = f"{registry}/team/multi:1.0.0-cpu"
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64",
                    "--base-image", f"linux/amd64={BASE_IMAGE}", "--base-image", f"linux/arm64={ARM64_BASE}",
-                   "--tag", tag, "--push", "--json", env=env)  # fmt: skip
+                   "--tag", tag, "--push", "--json", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     (index,) = summary["indexes"]
@@ -306,7 +306,7 @@ def _two_platforms(registry: str, env: dict[str, str], authorization: str, docke
     url = f"http://{registry}/v2/team/multi"
     auth = {"Authorization": authorization}
     got = requests.get(f"{url}/manifests/1.0.0-cpu", timeout=10,
-                       headers={**auth, "Accept": "application/vnd.oci.image.index.v1+json"})  # fmt: skip
+                       headers={**auth, "Accept": "application/vnd.oci.image.index.v1+json"})
     assert got.status_code == 200, got.text
     assert got.headers["Content-Type"] == "application/vnd.oci.image.index.v1+json"
     assert index["digest"] == f"{registry}/team/multi@{got.headers['Docker-Content-Digest']}"
@@ -314,7 +314,7 @@ def _two_platforms(registry: str, env: dict[str, str], authorization: str, docke
     assert set(listed) == {("linux", "amd64"), ("linux", "arm64")}
     for (_, arch), entry in listed.items():
         manifest = requests.get(f"{url}/manifests/{entry['digest']}", timeout=10,
-                                headers={**auth, "Accept": entry["mediaType"]})  # fmt: skip
+                                headers={**auth, "Accept": entry["mediaType"]})
         assert manifest.status_code == 200 and len(manifest.content) == entry["size"]
         config = requests.get(f"{url}/blobs/{manifest.json()['config']['digest']}", headers=auth, timeout=10).json()
         assert config["architecture"] == arch and config["os"] == "linux"
@@ -322,7 +322,7 @@ def _two_platforms(registry: str, env: dict[str, str], authorization: str, docke
     for t in (f"{tag}-amd64", f"{tag}-arm64"):  # the index has no local tag
         docker_client.images.remove(t, force=True)
     pulled = docker_client.images.pull(f"{registry}/team/multi", tag="1.0.0-cpu", platform="linux/arm64",
-                                       auth_config={"username": USER, "password": PASSWORD})  # fmt: skip
+                                       auth_config={"username": USER, "password": PASSWORD})
     assert pulled.attrs["Architecture"] == "arm64"
     docker_client.images.remove(pulled.id, force=True)
 
@@ -336,7 +336,7 @@ def test_two_platforms_push_an_oci_index_with_amd64_and_arm64(registry, tmp_path
 
 
 def test_the_index_goes_to_a_bearer_token_registry_and_a_wrong_password_is_one_line(token_registry, tmp_path,
-                                                                                   docker_client):  # fmt: skip
+                                                                                   docker_client):
     import requests
 
     registry, issued = token_registry
@@ -344,14 +344,14 @@ def test_the_index_goes_to_a_bearer_token_registry_and_a_wrong_password_is_one_l
     assert challenge.startswith("Bearer realm=")
     realm = challenge.split('realm="')[1].split('"')[0]
     token = requests.get(realm, params={"service": "gpux-test-registry", "scope": "repository:team/multi:pull"},
-                         auth=(USER, PASSWORD), timeout=10).json()["token"]  # fmt: skip
+                         auth=(USER, PASSWORD), timeout=10).json()["token"]
     _two_platforms(registry, _docker_config(tmp_path, registry, PASSWORD), f"Bearer {token}", docker_client)
     assert {"type": "repository", "name": "team/multi", "actions": ["pull", "push"]} in [a for g in issued for a in g]
     # with a wrong password the token service refuses: the push fails first, one line, exit 1
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64",
                    "--base-image", f"linux/amd64={BASE_IMAGE}", "--base-image", f"linux/arm64={ARM64_BASE}",
                    "--tag", f"{registry}/team/multi:wrong", "--push",
-                   env=_docker_config(tmp_path, registry, "wrong"))  # fmt: skip
+                   env=_docker_config(tmp_path, registry, "wrong"))
     lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(lines) == 1 and "authentication failed" in lines[0], proc.stderr[-2000:]
     for arch in ("amd64", "arm64"):  # the built images stay (only the push failed): the test's to remove
@@ -373,19 +373,19 @@ def test_one_multi_platform_base_serves_both_platforms(registry, tmp_path, docke
         for event in docker_client.api.push(base, tag=f"bookworm-{arch}", auth_config=auth, stream=True, decode=True):
             assert "error" not in event, event
         got = requests.get(f"http://{registry}/v2/base/debian-python/manifests/bookworm-{arch}", auth=(USER, PASSWORD),
-                           headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}, timeout=10)  # fmt: skip
+                           headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}, timeout=10)
         entries.append({"mediaType": got.headers["Content-Type"], "digest": got.headers["Docker-Content-Digest"],
-                        "size": len(got.content), "platform": {"architecture": arch, "os": "linux"}})  # fmt: skip
+                        "size": len(got.content), "platform": {"architecture": arch, "os": "linux"}})
         docker_client.images.remove(f"{base}:bookworm-{arch}")
     index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": entries}
     put = requests.put(f"http://{registry}/v2/base/debian-python/manifests/bookworm", data=json.dumps(index),
                        auth=(USER, PASSWORD), timeout=10,
-                       headers={"Content-Type": "application/vnd.oci.image.index.v1+json"})  # fmt: skip
+                       headers={"Content-Type": "application/vnd.oci.image.index.v1+json"})
     assert put.status_code == 201, put.text
     tag = f"{registry}/team/onebase:1.0.0-cpu"
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--platform", "linux/amd64,linux/arm64", "--base-image",
                    f"{base}:bookworm", "--tag", tag, "--push", "--json",
-                   env=_docker_config(tmp_path, registry, PASSWORD))  # fmt: skip
+                   env=_docker_config(tmp_path, registry, PASSWORD))
     try:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stderr.count(f"pulling base image {base}:bookworm for linux/") == 2, proc.stderr[-3000:]
@@ -399,7 +399,7 @@ def test_one_multi_platform_base_serves_both_platforms(registry, tmp_path, docke
         made += [i.id for i in docker_client.images.list(filters={"label": f"org.opencontainers.image.base.name={base}:bookworm"})]
         # the pulled base is the local base under other names: remove the names, not the image
         made += [f"{base}:bookworm"] + [d for i in docker_client.images.list() for d in i.attrs["RepoDigests"] or []
-                                        if d.startswith(f"{base}@")]  # fmt: skip
+                                        if d.startswith(f"{base}@")]
         for t in made:
             try:
                 docker_client.images.remove(t, force=not t.startswith(base))

@@ -77,7 +77,7 @@ def pushed_bare(registry, bare_base, tmp_path_factory, docker_client):  # noqa: 
     (folder / "config.json").write_text(json.dumps({"auths": {registry: {"auth": auth}}}))
     started = time.monotonic()
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--base-image", bare_base, "--tag", tag, "--push", "--json",
-                   env={**SAME_TIME, "DOCKER_CONFIG": str(folder)})  # fmt: skip
+                   env={**SAME_TIME, "DOCKER_CONFIG": str(folder)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)["images"][0]
     print(f"build + push on the bare base: {time.monotonic() - started:.1f} s")
@@ -100,7 +100,7 @@ def test_an_image_on_a_base_without_path_is_complete_and_both_makers_agree(pushe
     sh("docker", "tag", bare_base, other)
     built_tag = f"gpux-test-{RUN_ID}/runtimes:builder"
     proc = run_cli("build", str(EXAMPLES / "mlp"), "--base-image", other, "--tag", built_tag, "--json",
-                   env={**SAME_TIME, "GPUX_PACK_ASSEMBLE": "0"})  # fmt: skip
+                   env={**SAME_TIME, "GPUX_PACK_ASSEMBLE": "0"})
     try:
         assert proc.returncode == 0, proc.stderr[-3000:]
         built = json.loads(proc.stdout)["images"][0]

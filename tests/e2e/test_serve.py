@@ -24,7 +24,7 @@ def v2_infer(server, name: str, tensors: dict[str, np.ndarray]) -> dict[str, np.
     datatypes = {np.float32: "FP32", np.int64: "INT64"}
     body = {"inputs": [
         {"name": k, "shape": list(v.shape), "datatype": datatypes[v.dtype.type], "data": v.ravel().tolist()}
-        for k, v in tensors.items()]}  # fmt: skip
+        for k, v in tensors.items()]}
     r = server.post(f"/v2/models/{name}/infer", json=body)
     assert r.status_code == 200, r.text
     return {o["name"]: np.reshape(o["data"], o["shape"]) for o in r.json()["outputs"]}

@@ -64,7 +64,7 @@ CASES = {
     "text-classifier": lambda rng: {"input_ids": rng.integers(0, 1000, (3, 7)).astype(np.int64),
                                     "attention_mask": np.ones((3, 7), np.int64)},
     "strings": lambda rng: {"text": np.array(["cat", "dog", "bird", "", "ünïcode"], dtype=object)},
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("example", list(CASES))
@@ -103,7 +103,7 @@ def _batching_project(tmp_path):
     nodes += [helper.make_node("MatMul", [prev, "head"], ["logits"]), helper.make_node("Softmax", ["logits"], ["probs"], axis=1)]
     graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", width])],
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 3]) for n in ("logits", "probs")],
-                              weights)  # fmt: skip
+                              weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     project = tmp_path / "slow"
@@ -163,7 +163,7 @@ def test_a_60_mb_request_neither_stalls_readiness_nor_kills_a_256m_container(mlp
     rows = 60 * 1024 * 1024 // (4 * 4)
     body = np.ones((rows, 4), np.float32).tobytes()
     header = json.dumps({"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": len(body)}}]}).encode()  # fmt: skip
+                                     "parameters": {"binary_data_size": len(body)}}]}).encode()
     with serve(mlp_image["tag"], mem_limit="256m") as server:
         for payload, headers in ((header + body, {"Inference-Header-Content-Length": str(len(header))}),
                                  (b'{"features": [' + b"[1,2,3,4]," * (60 * 1024 * 1024 // 10) + b"[1,2,3,4]]}", {})):
@@ -183,9 +183,9 @@ def test_a_60_mb_request_neither_stalls_readiness_nor_kills_a_256m_container(mlp
         blob = np.ones((small, 4), np.float32).tobytes()
         head = json.dumps({"inputs": [{"name": "features", "shape": [small, 4], "datatype": "FP32",
                                        "parameters": {"binary_data_size": len(blob)}}],
-                           "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+                           "parameters": {"binary_data_output": True}}).encode()
         r = requests.post(server.url + "/v2/models/iris-mlp/infer", data=head + blob, timeout=120,
-                          headers={"Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+                          headers={"Inference-Header-Content-Length": str(len(head))})
         assert r.status_code == 200 and int(r.headers["Inference-Header-Content-Length"]) < len(r.content)
         container = server.container.get_wrapped_container()
         container.reload()
@@ -207,7 +207,7 @@ def test_abuse_gets_4xx_503_or_504_never_5xx_and_memory_comes_back(mlp_image):
     good = json.dumps({"features": rng.normal(size=(2, 4)).tolist()}).encode()
     big = json.dumps({"features": rng.normal(size=(20000, 4)).tolist()}).encode()
     header = json.dumps({"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": 32}}]}).encode()  # fmt: skip
+                                     "parameters": {"binary_data_size": 32}}]}).encode()
     mixes = [
         ("/predict", good, {}), ("/predict", big, {}), ("/predict", b"{oops", {}), ("/predict", b"[" * 5000, {}),
         ("/predict", b'{"features": [[1, 2]]}', {}), ("/predict", b'{"features": "x"}', {}),
@@ -248,7 +248,7 @@ def slow_model(path) -> None:
          helper.make_tensor_value_info("x_in", TensorProto.FLOAT, ["batch", 128])],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
          helper.make_tensor_value_info("x_out", TensorProto.FLOAT, ["batch", 128])],
-    )  # fmt: skip
+    )
     graph = helper.make_graph(
         [helper.make_node("Constant", [], ["cond"], value=numpy_helper.from_array(np.array(True), "c")),
          helper.make_node("Loop", ["steps", "cond", "x"], ["y"], body=body)],
@@ -256,7 +256,7 @@ def slow_model(path) -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 128]),
          helper.make_tensor_value_info("steps", TensorProto.INT64, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 128])], [w],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
@@ -267,7 +267,7 @@ def test_sigterm_during_a_slow_request_finishes_it_and_exits_zero(tmp_path, tags
     project.mkdir()
     slow_model(project / "model.onnx")
     (project / "gpux.yml").write_text("name: slow\nversion: 1.0.0\nmodel: {source: ./model.onnx}\n"
-                                      "serving: {timeout: 60}\npack: {warmup: never}\n")  # fmt: skip
+                                      "serving: {timeout: 60}\npack: {warmup: never}\n")
     image = build_image(project, tags("slow:cpu"))
     x = np.ones((1, 128), np.float32)
     with serve(image["tag"], env={"GPUX_LOG_FORMAT": "json"}) as server:
@@ -327,7 +327,7 @@ def grpc_infer(server):
 
     channel = grpc.insecure_channel(f"127.0.0.1:{server.container.get_exposed_port(8001)}",
                                     options=[("grpc.max_send_message_length", -1),
-                                             ("grpc.max_receive_message_length", -1)])  # fmt: skip
+                                             ("grpc.max_receive_message_length", -1)])
     infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
 
     def call(raw: bytes) -> str:

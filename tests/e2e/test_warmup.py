@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpux_pack.runtime import warm
+from gpux_pack.runtime import caches
 from tests.conftest import (assert_history_matches_layers, build_image, copy_example, on_intel_cpu, run_cli,
                             serve, wait_ready)
 
@@ -29,7 +29,7 @@ X = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]]
 def ov_never(docker_client, tags, tmp_path_factory):
     """openvino, built with --warmup never, as a CI host without the accelerator would."""
     image = build_image(copy_example("mlp", tmp_path_factory.mktemp("never")), tags("warm:never"),
-                        "--provider", "openvino", "--warmup", "never")  # fmt: skip
+                        "--provider", "openvino", "--warmup", "never")
     return {**image, "tag": on_intel_cpu(docker_client, image["tag"], tags("warm:never-intel"))}
 
 
@@ -91,14 +91,14 @@ def test_warmup_bakes_one_layer_with_the_same_config(ov_never, docker_client, ta
 
 def test_the_engines_builder_adds_the_same_layer(ov_never, docker_client, tags, tmp_path, monkeypatch):
     """One exported cache, made into an image both ways: assembled, and by `docker build`."""
-    from gpux_pack.commands.warmup import warm_labels, warm_members
+    from gpux_pack.pipeline.bake import warm_labels, warm_members
     from gpux_pack.image.maker import choose
     from gpux_pack.ui import Reporter
 
     proc = run_cli("warmup", ov_never["tag"], "--export", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     key = json.loads(proc.stdout)["key"]
-    record = warm.read_record(tmp_path / key)
+    record = caches.read_record(tmp_path / key)
     image = docker_client.images.get(ov_never["tag"])
     ids = {}
     for assemble, tag in (("1", tags("warm:assembled")), ("0", tags("warm:builder"))):
@@ -120,9 +120,9 @@ def test_default_tag_and_export(ov_never, docker_client, tmp_path):
     summary = json.loads(proc.stdout)
     folder = Path(summary["exported"])
     assert folder == tmp_path / "cache" / summary["key"] and summary["tag"] is None
-    record = warm.read_record(folder)
+    record = caches.read_record(folder)
     assert record["parts"]["provider"] == "OpenVINOExecutionProvider" and record["shapes"] == [{"features": [1, 4]}]
-    assert record["files"] and all(warm.sha256(folder / f["path"]) == f["sha256"] for f in record["files"])
+    assert record["files"] and all(caches.sha256(folder / f["path"]) == f["sha256"] for f in record["files"])
     proc = run_cli("warmup", ov_never["tag"], "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     tag = json.loads(proc.stdout)["tag"]
@@ -161,7 +161,7 @@ def test_a_mismatched_or_corrupt_cache_is_never_loaded(ov_never, tmp_path, cpu_a
         assert "key mismatch: device (recorded 'cpu: Some Other CPU [avx2]', this container 'cpu: " in warnings[0]
         assert server.get("/info").json()["warmup"]["cache"] == "compiled"
         _answers_match(server, cpu_answers)
-    warm.verify(folder, warm.read_record(pristine)["parts"])  # replaced by a valid folder
+    caches.verify(folder, caches.read_record(pristine)["parts"])  # replaced by a valid folder
     blob = folder / "model_ctx_OpenVINOExecutionProvider.bin"  # the compiled model
     blob.write_bytes(b"\0" + blob.read_bytes()[1:])
     with serve(ov_never["tag"], volumes=volume, read_only=True, tmpfs={"/tmp": "rw"}) as server:
@@ -187,7 +187,7 @@ def volume(docker_client):
 
 def _warmup_in(image: str, volume_name: str, docker_client) -> dict:
     out = docker_client.containers.run(image, command=["warmup"], volumes={volume_name: {"bind": "/opt/gpux/cache"}},
-                                       read_only=True, tmpfs={"/tmp": "rw"}, remove=True, stderr=False)  # fmt: skip
+                                       read_only=True, tmpfs={"/tmp": "rw"}, remove=True, stderr=False)
     return json.loads(out.decode().strip().splitlines()[-1])["warmup"]
 
 
@@ -254,7 +254,7 @@ def test_a_baked_or_volume_cache_skips_the_compile(docker_client, tags, tmp_path
     """Session load (where the provider compiles or imports) of a baked and of a volume cache,
     against a cold start's, in one run: at most 0.6x; the baked one writes nothing."""
     image = build_image(_deep_project(tmp_path / "deep"), tags("deep:never"), "--provider", "openvino",
-                        "--warmup", "never")  # fmt: skip
+                        "--warmup", "never")
     plain = on_intel_cpu(docker_client, image["tag"], tags("deep:never-intel"))
     proc = run_cli("warmup", plain, "--tag", tags("deep:baked"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -268,7 +268,7 @@ def test_a_baked_or_volume_cache_skips_the_compile(docker_client, tags, tmp_path
             assert info["execution_providers"]["active"][0] == "OpenVINOExecutionProvider"
             seconds[name] = info["load_seconds"]
     listing = docker_client.containers.run(plain, entrypoint=["ls", "-A", "/c"], volumes={empty: {"bind": "/c"}},
-                                           remove=True)  # fmt: skip
+                                           remove=True)
     assert listing.decode().split() == []  # the baked start compiled nothing into its volume
     assert seconds["baked"] <= 0.6 * seconds["cold"] and seconds["volume"] <= 0.6 * seconds["cold"], seconds
 
@@ -278,18 +278,18 @@ def test_a_volume_key_folder_the_server_cannot_read_is_one_warning_and_a_fresh_c
     """A volume whose key folder is root's and 0700: the server (uid 10001) exited 1 with a
     PermissionError traceback; now the image's own runtime warns once and compiles afresh."""
     parts = {"model_sha256": "ab" * 32, "provider": "OpenVINOExecutionProvider", "device": "cpu: test"}
-    key = warm.digest(parts)
+    key = caches.digest(parts)
     volume = tmp_path / "volume"
     (volume / key).mkdir(parents=True)
-    (volume / key / warm.RECORD).write_text("{}")
+    (volume / key / caches.RECORD).write_text("{}")
     (volume / key).chmod(0o700)  # root's, as the tests run: uid 10001 cannot look inside
     volume.chmod(0o777)
-    script = ("import json, pathlib\nfrom gpux_runtime import warm\n"
-              f"c = warm.choose(json.loads({json.dumps(json.dumps(parts))}), pathlib.Path('/cache'), pathlib.Path('/no'))\n"
-              "print(json.dumps([c.source, c.warnings, c.folder.parent.as_posix()]))\n")  # fmt: skip
+    script = ("import json, pathlib\nfrom gpux_runtime import caches\n"
+              f"c = caches.choose(json.loads({json.dumps(json.dumps(parts))}), pathlib.Path('/cache'), pathlib.Path('/no'))\n"
+              "print(json.dumps([c.source, c.warnings, c.folder.parent.as_posix()]))\n")
     out = docker_client.containers.run(mlp_image["tag"], ["-c", script], entrypoint=["python3"], remove=True,
                                        volumes={str(volume): {"bind": "/cache", "mode": "rw"}}, read_only=True,
-                                       labels={"io.gpux.pack.role": "test"})  # fmt: skip
+                                       labels={"io.gpux.pack.role": "test"})
     source, warnings, where = json.loads(out.decode().strip().splitlines()[-1])
     assert (source, where) == ("compiled", "/cache") and len(warnings) == 1, warnings
     assert warnings[0].startswith(f"not using the volume cache /cache/{key}: ") and "Permission denied" in warnings[0]

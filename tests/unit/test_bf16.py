@@ -13,10 +13,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gpux_pack.commands.build import load, plan_for
+from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.plan import Options
 from gpux_pack.runtime import grpc_v2
 from gpux_pack.runtime.server import App
+from gpux_pack.runtime import warmup
 from gpux_pack.runtime.session import Model
 from gpux_pack.runtime.tensors import RequestError, bf16_to_float32, float32_to_bf16
 from gpux_pack.ui import Reporter
@@ -36,7 +37,7 @@ def bf16_model(path: Path) -> Path:
          helper.make_node("Add", ["m", "one"], ["z"]), helper.make_node("Cast", ["z"], ["y"], to=T.BFLOAT16)],
         "bf16", [helper.make_tensor_value_info("x", T.BFLOAT16, ["N", 4])],
         [helper.make_tensor_value_info("y", T.BFLOAT16, ["N", 4]), helper.make_tensor_value_info("z", T.FLOAT, ["N", 4])],
-        [helper.make_tensor("two", T.FLOAT, [], [2.0]), helper.make_tensor("one", T.FLOAT, [], [1.0])])  # fmt: skip
+        [helper.make_tensor("two", T.FLOAT, [], [2.0]), helper.make_tensor("one", T.FLOAT, [], [1.0])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -91,7 +92,7 @@ def test_build_accepts_bf16_and_metadata_says_bf16(bf16):
     assert [(t["name"], t["datatype"]) for t in meta["inputs"] + meta["outputs"]] == [
         ("x", "BF16"), ("y", "BF16"), ("z", "FP32")]
     [(code, raw)] = _grpc_calls(bf16.app, [("ModelMetadata", grpc_v2.message_classes()["ModelMetadataRequest"](
-        name="bf16").SerializeToString())])  # fmt: skip
+        name="bf16").SerializeToString())])
     answer = grpc_v2.message_classes()["ModelMetadataResponse"].FromString(raw)
     assert code == "OK" and [t.datatype for t in (*answer.inputs, *answer.outputs)] == ["BF16", "BF16", "FP32"]
 
@@ -103,7 +104,7 @@ def test_binary_bf16_in_and_out_equal_onnxruntime(bf16):
     np.testing.assert_array_equal(ort_y.view(np.uint16), ort_z.astype(BF16).view(np.uint16))
     head, blob = _answer(bf16, {"inputs": [{"name": "x", "shape": [3, 4], "datatype": "BF16",
                                             "parameters": {"binary_data_size": X.nbytes}}],
-                                "parameters": {"binary_data_output": True}}, X.tobytes())  # fmt: skip
+                                "parameters": {"binary_data_output": True}}, X.tobytes())
     assert [(o["name"], o["datatype"], o["shape"], o["parameters"]["binary_data_size"]) for o in head["outputs"]] == [
         ("y", "BF16", [3, 4], 24), ("z", "FP32", [3, 4], 48)]
     np.testing.assert_array_equal(np.frombuffer(blob[:24], np.uint16), ort_y.view(np.uint16).ravel())
@@ -111,12 +112,12 @@ def test_binary_bf16_in_and_out_equal_onnxruntime(bf16):
     # output selection: y alone as binary, z alone as JSON
     head, blob = _answer(bf16, {"inputs": [{"name": "x", "shape": [3, 4], "datatype": "BF16",
                                             "parameters": {"binary_data_size": X.nbytes}}],
-                                "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}, X.tobytes())  # fmt: skip
+                                "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}, X.tobytes())
     assert [o["name"] for o in head["outputs"]] == ["y"]
     np.testing.assert_array_equal(np.frombuffer(blob, np.uint16), ort_y.view(np.uint16).ravel())
     head, blob = _answer(bf16, {"inputs": [{"name": "x", "shape": [3, 4], "datatype": "BF16",
                                             "parameters": {"binary_data_size": X.nbytes}}],
-                                "outputs": [{"name": "z"}]}, X.tobytes())  # fmt: skip
+                                "outputs": [{"name": "z"}]}, X.tobytes())
     assert blob == b""
     np.testing.assert_array_equal(np.array(head["outputs"][0]["data"], np.float32), ort_z.ravel())
 
@@ -146,7 +147,7 @@ def _ort_reference(path: Path, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
      "output 'y' is BF16, which JSON cannot carry"),
     ("/predict", {"x": [[1, 2, 3, 4]]}, "input 'x' is BF16, which JSON cannot carry: send it to the KServe v2 infer "
                                         "endpoint as binary data (parameters.binary_data_size), or use gRPC"),
-])  # fmt: skip
+])
 def test_json_that_would_need_bf16_is_a_400_naming_the_tensor(bf16, endpoint, header, words):
     blob = X[:1].tobytes() if "binary_data_size" in json.dumps(header) else b""
     body, headers = _binary(header, blob) if blob else (json.dumps(header).encode(), [])
@@ -157,13 +158,13 @@ def test_json_that_would_need_bf16_is_a_400_naming_the_tensor(bf16, endpoint, he
 
 def test_predict_refuses_a_bf16_output_even_with_no_bf16_input(tmp_path):
     """A .npy body, or a model whose only BF16 tensor is an output: the answer's JSON cannot hold it."""
-    from gpux_pack.runtime.tensors import TensorSpec, decode_predict
+    from gpux_pack.runtime.tensors import ServedTensor, decode_predict
 
-    outputs = [TensorSpec("y", "bfloat16", (-1,))]
+    outputs = [ServedTensor("y", "bfloat16", (-1,))]
     with pytest.raises(RequestError, match="output 'y' is BF16, which JSON cannot carry") as e:
-        decode_predict({"x": [1.0]}, [TensorSpec("x", "float32", (-1,))], outputs=outputs)
+        decode_predict({"x": [1.0]}, [ServedTensor("x", "float32", (-1,))], outputs=outputs)
     assert e.value.status == 400
-    assert decode_predict({"x": [1.0]}, [TensorSpec("x", "float32", (-1,))])["x"].tolist() == [1.0]
+    assert decode_predict({"x": [1.0]}, [ServedTensor("x", "float32", (-1,))])["x"].tolist() == [1.0]
 
 
 def test_npy_predict_on_bf16_is_a_400(bf16):
@@ -186,7 +187,7 @@ def test_grpc_raw_contents_carry_bf16_and_typed_contents_are_invalid_argument(bf
     typed_fp32.inputs.add(name="x", datatype="BF16", shape=[1, 4]).contents.fp32_contents.extend([1.0] * 4)
     answers = _grpc_calls(bf16.app, [("ModelInfer", request.SerializeToString()),
                                      ("ModelInfer", typed.SerializeToString()),
-                                     ("ModelInfer", typed_fp32.SerializeToString())])  # fmt: skip
+                                     ("ModelInfer", typed_fp32.SerializeToString())])
     (code, raw), *refused = answers
     assert code == "OK"
     response = classes["ModelInferResponse"].FromString(raw)
@@ -203,18 +204,18 @@ def test_grpc_raw_contents_carry_bf16_and_typed_contents_are_invalid_argument(bf
 def test_warmup_feeds_are_bf16_values_and_accuracy_compares_values_not_bits(bf16):
     model = bf16.app.model
     assert model.warmup_state["state"] == "done"
-    [feeds] = model.warmup_feeds()
+    [feeds] = warmup.generated_inputs(model)
     x = feeds["x"]
     assert x.dtype == np.uint16 and x.shape == (1, 4)
     values = x.view(BF16).astype(np.float32)
     assert ((values >= 0) & (values <= 1)).all() and len(set(values.ravel().tolist())) > 1  # random, not zeros
     answers = [model.run(feeds)]
     model.active = ["SomeGpuExecutionProvider", "CPUExecutionProvider"]  # accuracy runs only off the CPU
-    assert model._accuracy([feeds], answers) == {"y": {"max_abs": 0.0, "max_rel": 0.0},
-                                                 "z": {"max_abs": 0.0, "max_rel": 0.0}}
+    assert warmup._accuracy(model, [feeds], answers)[0] == {"y": {"max_abs": 0.0, "max_rel": 0.0},
+                                                          "z": {"max_abs": 0.0, "max_rel": 0.0}}
     # one bfloat16 step off in y: an error the size of that step in value, not 1 (one bit pattern)
     off = {**answers[0], "y": answers[0]["y"] + np.uint16(1)}
-    errors = model._accuracy([feeds], [off])
+    errors = warmup._accuracy(model, [feeds], [off])[0]
     step = float(np.max(np.abs(bf16_to_float32(off["y"]) - bf16_to_float32(answers[0]["y"]))))
     assert 0 < step < 0.05 and errors["y"]["max_abs"] == pytest.approx(step)
 

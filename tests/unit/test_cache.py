@@ -54,17 +54,17 @@ def test_plan_lists_the_lock_without_downloading_and_works_offline(tmp_path):
     assert plan["download_bytes"] > 1e9 and not plan["download_unknown"]
     assert not (tmp_path / "wheels").exists() or not list((tmp_path / "wheels").glob("*.whl"))
     offline = {**env, "UV_OFFLINE": "1", "PIP_NO_INDEX": "1", "HTTPS_PROXY": "http://127.0.0.1:9",
-               "HTTP_PROXY": "http://127.0.0.1:9"}  # fmt: skip
+               "HTTP_PROXY": "http://127.0.0.1:9"}
     again = run_cli("plan", str(ROOT / "examples" / "mlp"), "--provider", "cuda", "--offline", "--json", env=offline)
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["plans"][0]["lock"] == plan["lock"]
     missing = run_cli("plan", str(ROOT / "examples" / "text-classifier"), "--provider", "rocm", "--offline",
-                      env=offline)  # fmt: skip
+                      env=offline)
     assert missing.returncode != 0 and "no cached lock" in missing.stderr
 
 
 def test_build_summary_schema_is_current():
-    from gpux_pack.commands.summary import json_schema as schema
+    from gpux_pack.commands.build import json_schema as schema
 
     assert json.loads((ROOT / "build-summary.schema.json").read_text()) == schema(), \
         "regenerate: gpux-pack schema --of build-summary > build-summary.schema.json"

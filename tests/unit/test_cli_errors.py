@@ -61,7 +61,7 @@ def test_what_strict_refuses_is_otherwise_one_warning_line(tmp_path, case):
     assert lines[0].startswith("warning: ") and lines[0].endswith("left out (--strict refuses it)"), lines
     assert lines[1].startswith("error: cannot reach the Docker engine"), lines
     hint = {"unknown key": "(did you mean 'serving'?)", "bad type": "(did you mean 'float32'?)",
-            "windows backend": "Windows-only"}[case]  # fmt: skip
+            "windows backend": "Windows-only"}[case]
     assert hint in lines[0], lines
 
 

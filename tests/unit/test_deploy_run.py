@@ -1,7 +1,7 @@
 """`deploy` manifests and `run`'s container options: how an image is meant to run, as plain data.
 
 No Docker and no registry: deploy.Subject stands for what the image's labels and pushed digest
-say; run.container_options takes a GpuxImage built from a labels dict (no SDK image). The
+say; containers.container_options takes a GpuxImage built from a labels dict (no SDK image). The
 scale-out manifests are validated strictly here too (tests/manifests.py: the Kubernetes API's
 schemas, bundled by kubernetes-validate, and KServe's CRD schema; no network).
 """
@@ -16,10 +16,12 @@ import pytest
 import yaml
 
 from gpux_pack import providers
-from gpux_pack.commands import deploy, run
+from gpux_pack.commands import deploy
+from gpux_pack.engine import containers
 from gpux_pack.engine.image_labels import GpuxImage
 from gpux_pack.errors import UsageError
-from gpux_pack.plan import CACHE_DIR, HEALTH_START
+from gpux_pack.plan import HEALTH_START
+from gpux_pack.runtime.paths import CACHE_DIR
 from gpux_pack.providers import Devices
 from gpux_pack.runtime.settings import DRAIN_SECONDS
 from tests.manifests import validate
@@ -105,7 +107,7 @@ def test_pod_is_locked_down_with_probes_and_grace(target):
     assert pod["terminationGracePeriodSeconds"] == deploy.GRACE_SECONDS
     [container] = pod["containers"]
     assert container["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe")}
     assert probes == {
         "startupProbe": {"path": "/v2/health/ready", "port": 8080},
@@ -135,7 +137,7 @@ def test_compose_devices_come_from_the_table(provider, device):
     service = service_of(subject(device, provider=provider))
     if device == "nvidia":
         assert service["deploy"] == {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}  # fmt: skip
+            {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}
         assert "devices" not in service and "group_add" not in service
     elif device == "amd":
         assert service["devices"] == ["/dev/kfd", "/dev/dri"]
@@ -169,7 +171,7 @@ def test_grpc_port_is_exposed_when_set():
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", 8080), ("grpc", 8081)]
     assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
-        ("http", 8080, "http"), ("grpc", 8081, "grpc")]  # fmt: skip
+        ("http", 8080, "http"), ("grpc", 8081, "grpc")]
     [kserve_container] = pod_of(s, "kserve")["containers"]
     assert [p["containerPort"] for p in kserve_container["ports"]] == [8080]  # KServe's predictor: HTTP only
 
@@ -207,7 +209,7 @@ def test_memory_rule():
 
 
 @pytest.mark.parametrize(("provider", "device", "cpu"), [("cpu", None, "2"), ("openvino", None, "2"),
-                                                         ("cuda", "nvidia", "1"), ("rocm", "amd", "1")])  # fmt: skip
+                                                         ("cuda", "nvidia", "1"), ("rocm", "amd", "1")])
 @pytest.mark.parametrize("target", ["kubernetes", "kserve"])
 def test_cpu_and_memory_are_requested_and_limited_alike(target, provider, device, cpu):
     [container] = pod_of(subject(device, provider=provider, model_bytes=112_000_261), target)["containers"]
@@ -221,7 +223,7 @@ def test_flags_override_the_derived_resources():
     sc = deploy.scaling(cpu="500m", memory="3Gi")
     [container] = pod_of(subject(), "kubernetes", sc)["containers"]
     assert container["resources"] == {"requests": {"cpu": "500m", "memory": "3Gi"},
-                                      "limits": {"cpu": "500m", "memory": "3Gi"}}  # fmt: skip
+                                      "limits": {"cpu": "500m", "memory": "3Gi"}}
     [doc] = docs(subject(), "compose", sc)
     assert (doc["services"]["iris"]["cpus"], doc["services"]["iris"]["mem_limit"]) == (0.5, "3072m")
     default = service_of(subject())
@@ -230,7 +232,7 @@ def test_flags_override_the_derived_resources():
 
 @pytest.mark.parametrize(("text", "value"), [
     ("2", 2), ("500m", 0.5), ("1.5", 1.5), (".5", 0.5), ("1Ki", 1024), ("1536Mi", 1536 << 20), ("4G", 4 * 10**9),
-    ("1e9", 10**9), ("1E3", 1000), ("2P", 2 * 10**15), ("1k", 1000), ("1e-3", 0.001)])  # fmt: skip
+    ("1e9", 10**9), ("1E3", 1000), ("2P", 2 * 10**15), ("1k", 1000), ("1e-3", 0.001)])
 def test_kubernetes_quantities(text, value):
     assert deploy.quantity(text, "--memory", "2Gi") == Decimal(str(value))
 
@@ -250,7 +252,7 @@ def test_kubernetes_quantities(text, value):
     ({"cache_claim": "-c"}, "--cache-claim '-c': not a Kubernetes object name"),
     ({"cache_size": "5Gi"}, "--cache-size sizes the claim --cache-claim names: give --cache-claim"),
     ({"cache_claim": "c", "cache_size": "lots"}, "--cache-size 'lots': not a Kubernetes quantity"),
-])  # fmt: skip
+])
 def test_bad_scale_flags_are_one_line_usage_errors(flags, message):
     with pytest.raises(UsageError) as e:
         deploy.scaling(**flags)
@@ -278,7 +280,7 @@ def test_fixed_replicas_get_a_budget_and_a_spread_but_no_autoscaler():
     assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
     [spread] = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
     assert spread == {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
-                      "labelSelector": {"matchLabels": labels}, "matchLabelKeys": ["pod-template-hash"]}  # fmt: skip
+                      "labelSelector": {"matchLabels": labels}, "matchLabelKeys": ["pod-template-hash"]}
     isvc, kserve_budget = docs(subject(), "kserve", sc)
     predictor = isvc["spec"]["predictor"]
     assert (predictor["minReplicas"], predictor["maxReplicas"]) == (3, 3) and "scaleMetric" not in predictor
@@ -296,11 +298,11 @@ def test_autoscaling_is_an_hpa_on_cpu_and_kserves_own():
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "iris"},
         "minReplicas": 2, "maxReplicas": 5,
         "metrics": [{"type": "Resource", "resource": {
-            "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]}  # fmt: skip
+            "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]}
     isvc, _ = docs(subject(), "kserve", sc)
     predictor = isvc["spec"]["predictor"]
     assert {k: predictor[k] for k in ("minReplicas", "maxReplicas", "scaleMetric", "scaleTarget")} == {
-        "minReplicas": 2, "maxReplicas": 5, "scaleMetric": "cpu", "scaleTarget": 70}  # fmt: skip
+        "minReplicas": 2, "maxReplicas": 5, "scaleMetric": "cpu", "scaleTarget": 70}
 
 
 @pytest.mark.parametrize("target", ["kubernetes", "kserve"])
@@ -312,7 +314,7 @@ def test_cache_claim_replaces_the_emptydir_and_is_written(target):
     assert (claim["kind"], claim["metadata"]["name"]) == ("PersistentVolumeClaim", "gpux-cache.shared")
     assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "50Gi"}}}
     assert docs(subject(), target, deploy.scaling(cache_claim="c"))[-1]["spec"]["resources"] == {
-        "requests": {"storage": "10Gi"}}  # fmt: skip
+        "requests": {"storage": "10Gi"}}
     assert {"name": "cache", "emptyDir": {}} in pod_of(subject(), target)["volumes"]
 
 
@@ -325,7 +327,7 @@ def test_scaled_manifests_validate_strictly(target, provider, device):
     kinds = [d["kind"] for d in found]
     if target == "kubernetes":
         assert kinds == ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
-                         "PersistentVolumeClaim"]  # fmt: skip
+                         "PersistentVolumeClaim"]
     else:
         assert kinds == ["InferenceService", "PodDisruptionBudget", "PersistentVolumeClaim"]
     validate(found)
@@ -375,7 +377,7 @@ def test_compose_replicas_publish_on_ports_docker_picks():
 @pytest.mark.parametrize(("flags", "message"), [
     ({"max_replicas": 4}, "--max-replicas: compose has no autoscaler; --replicas sets how many run"),
     ({"cache_claim": "c"}, "--cache-claim names a Kubernetes PersistentVolumeClaim; compose's replicas share"),
-])  # fmt: skip
+])
 def test_compose_refuses_what_it_cannot_do(flags, message):
     with pytest.raises(UsageError, match=f"^{message}"):
         deploy.manifests(subject(), "compose", deploy.scaling(**flags))
@@ -385,7 +387,7 @@ def test_compose_refuses_what_it_cannot_do(flags, message):
 # run
 
 LABELS = {"io.gpux.pack.version": "0.1.0", "io.gpux.provider": "cuda", "io.gpux.port": "8080",
-          "io.gpux.grpc_port": "8081", "io.gpux.model.name": "My Model"}  # fmt: skip
+          "io.gpux.grpc_port": "8081", "io.gpux.model.name": "My Model"}
 
 
 def image(**changes: str | None) -> GpuxImage:
@@ -408,7 +410,7 @@ def test_image_labels_parse():
     ("io.gpux.grpc_port", "8080", "a port other than the HTTP port"),
     ("io.gpux.grpc_port", "x", "is not a port"),
     ("io.gpux.model.bytes", str(10 ** 20), "at most 1 TiB"),
-])  # fmt: skip
+])
 def test_hand_made_labels_are_one_line_before_any_command_uses_them(key, value, words):
     """An unknown provider was a KeyError in deploy; ports 0 or 99999, a gRPC port on the HTTP port
     and a 1e20-byte model gave manifests Kubernetes refuses, with exit 0."""
@@ -423,29 +425,29 @@ def test_hand_made_labels_are_one_line_before_any_command_uses_them(key, value, 
 
 
 def test_cache_volume_name():
-    assert run.cache_volume("My Model") == "gpux-cache-my-model"
-    assert run.cache_volume("a/b:c") == "gpux-cache-a-b-c"
+    assert containers.cache_volume("My Model") == "gpux-cache-my-model"
+    assert containers.cache_volume("a/b:c") == "gpux-cache-a-b-c"
 
 
 def test_container_options_without_devices():
-    options = run.container_options(image(), Devices(), "0.0.0.0", 9000)
+    options = containers.container_options(image(), Devices(), "0.0.0.0", 9000)
     assert options == {
         "read_only": True,
         "tmpfs": {"/tmp": "rw,size=1g"},
         "ports": {"8080/tcp": ("0.0.0.0", 9000), "8081/tcp": ("0.0.0.0", None)},
-        "volumes": {run.cache_volume("My Model"): {"bind": CACHE_DIR, "mode": "rw"}},
+        "volumes": {containers.cache_volume("My Model"): {"bind": CACHE_DIR, "mode": "rw"}},
     }
     assert CACHE_DIR == "/opt/gpux/cache"
 
 
 def test_container_options_without_grpc_publish_only_http():
-    options = run.container_options(image(**{"io.gpux.grpc_port": None}), Devices(), "127.0.0.1", None)
+    options = containers.container_options(image(**{"io.gpux.grpc_port": None}), Devices(), "127.0.0.1", None)
     assert options["ports"] == {"8080/tcp": ("127.0.0.1", None)}
 
 
 def test_nvidia_devices():
     devices = providers.devices_for(providers.get("cuda"))
-    options = run.container_options(image(), devices, "127.0.0.1", 8080)
+    options = containers.container_options(image(), devices, "127.0.0.1", 8080)
     [request] = options["device_requests"]
     assert request.count == -1
     assert request.capabilities == [["gpu"]]
@@ -454,7 +456,7 @@ def test_nvidia_devices():
 
 def test_amd_devices():
     devices = providers.devices_for(providers.get("rocm"))
-    options = run.container_options(image(**{"io.gpux.provider": "rocm"}), devices, "127.0.0.1", 8080)
+    options = containers.container_options(image(**{"io.gpux.provider": "rocm"}), devices, "127.0.0.1", 8080)
     assert options["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
     assert options["group_add"] == ["video"]
     assert "device_requests" not in options
@@ -462,5 +464,5 @@ def test_amd_devices():
 
 @pytest.mark.parametrize("name", ["cpu", "openvino"])
 def test_cpu_providers_get_no_devices(name):
-    options = run.container_options(image(), providers.devices_for(providers.get(name)), "127.0.0.1", None)
+    options = containers.container_options(image(), providers.devices_for(providers.get(name)), "127.0.0.1", None)
     assert not {"device_requests", "devices", "group_add"} & set(options)

@@ -23,7 +23,7 @@ import requests
 import yaml
 from onnx import numpy_helper
 
-from gpux_pack.commands import build
+from gpux_pack.pipeline import build
 from tests.conftest import EXAMPLES, ROOT, copy_example, free_port, run_cli
 
 # -- helpers (also used by the e2e tests) ------------------------------------------------------
@@ -80,7 +80,7 @@ class Serving:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpux_pack", "serve", str(folder), "--port", str(self.port), *extra],
                 cwd=ROOT, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+            )
 
     @property
     def stderr(self) -> str:
@@ -195,7 +195,7 @@ def test_serve_reloads_on_a_valid_change_and_keeps_serving_through_an_invalid_on
     assert_outputs(after, expected)
     assert not np.allclose(after["logits"], before["logits"], atol=1e-3)  # the reload is what changed them
     v2 = server.post("/v2/models/iris-mlp/infer", json={"inputs": [
-        {"name": "features", "datatype": "FP32", "shape": [3, 4], "data": x.ravel().tolist()}]}).json()  # fmt: skip
+        {"name": "features", "datatype": "FP32", "shape": [3, 4], "data": x.ravel().tolist()}]}).json()
     assert_outputs({o["name"]: np.reshape(o["data"], o["shape"]) for o in v2["outputs"]}, expected)
 
     # an edit that does not validate: one warning, and the running server never stops answering
@@ -260,8 +260,8 @@ def test_serve_exits_with_the_server_when_it_cannot_start(tmp_path):
 
 FAKE_OFFERED = """
 import sys
-from gpux_pack.commands import serve
-serve.offered = lambda: ({"CPUExecutionProvider"}, "1.32.0", "onnxruntime")
+from gpux_pack.pipeline import local
+local.offered = lambda: ({"CPUExecutionProvider"}, "1.32.0", "onnxruntime")
 from gpux_pack.cli import main
 main(sys.argv[1:])
 """
@@ -272,31 +272,31 @@ def test_serve_provider_this_machine_lacks_is_one_line(tmp_path):
     project = copy_example("mlp", tmp_path)
     proc = subprocess.run([sys.executable, "-c", FAKE_OFFERED, "serve", str(project), "--provider", "cuda",
                            "--port", str(free_port())],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     line = one_error_line(proc, "CUDAExecutionProvider", "install onnxruntime-gpu", "--provider cpu")
     assert "1.32.0" in line
     # predict PATH chooses the same way
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
     proc = subprocess.run([sys.executable, "-c", FAKE_OFFERED, "predict", str(project), "--provider", "cuda",
                            "-i", f"features={tmp_path / 'x.npy'}"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     one_error_line(proc, "CUDAExecutionProvider", "install onnxruntime-gpu")
 
 
 def test_auto_provider_needs_the_ep_and_the_device(tmp_path, monkeypatch):
     from gpux_pack import providers
-    from gpux_pack.commands import build, serve
+    from gpux_pack.pipeline import build, local
 
     loaded = build.load(copy_example("mlp", tmp_path))
     eps = {"CPUExecutionProvider", "CUDAExecutionProvider", "OpenVINOExecutionProvider"}
-    monkeypatch.setattr(serve, "offered", lambda: (eps, "1.32.0", "onnxruntime-gpu"))
-    monkeypatch.setattr(serve, "present", lambda device: device.name == "nvidia")
-    row, reason, _ = serve.host_provider(loaded, None)
+    monkeypatch.setattr(local, "offered", lambda: (eps, "1.32.0", "onnxruntime-gpu"))
+    monkeypatch.setattr(local, "present", lambda device: device.name == "nvidia")
+    row, reason, _ = local.host_provider(loaded, None)
     assert row.name == "cuda" and "CUDAExecutionProvider" in reason and reason.startswith("auto:")
-    monkeypatch.setattr(serve, "present", lambda device: False)
-    row, reason, _ = serve.host_provider(loaded, None)
+    monkeypatch.setattr(local, "present", lambda device: False)
+    row, reason, _ = local.host_provider(loaded, None)
     assert row.name == "cpu" and reason.startswith("auto: no accelerator")
-    row, reason, _ = serve.host_provider(loaded, "cpu")  # asked for: no auto
+    row, reason, _ = local.host_provider(loaded, "cpu")  # asked for: no auto
     assert row.name == "cpu" and "--provider" in reason
     assert providers.get("cpu").ep in eps
 
@@ -304,7 +304,7 @@ def test_auto_provider_needs_the_ep_and_the_device(tmp_path, monkeypatch):
 def test_intel_gpu_is_an_intel_drm_card_not_any_dev_dri(tmp_path):
     """/dev/dri is any GPU's (NVIDIA's, a VM's virtual one): auto must not take it for Intel's."""
     from gpux_pack import providers
-    from gpux_pack.commands.serve import present
+    from gpux_pack.pipeline.local import present
 
     dev, drm = tmp_path / "dev", tmp_path / "drm"
     (dev / "dri").mkdir(parents=True)
@@ -379,7 +379,7 @@ def test_predict_path_saves_outputs(tmp_path, mlp_inputs):
 
     # a folder that is a file: one line, exit 2
     one_error_line(run_cli("predict", str(project), "-i", str(tmp_path / "inputs.json"), "-o", str(tmp_path / "x.npy")),
-                   f"--output {tmp_path / 'x.npy'}")  # fmt: skip
+                   f"--output {tmp_path / 'x.npy'}")
 
 
 def test_predict_path_strings(tmp_path):
@@ -411,15 +411,15 @@ def test_predict_refuses_bad_inputs_in_one_line(tmp_path, mlp_inputs):
         assert f"--input {given}" in line or "--input: " in line, line
     # the same name twice
     one_error_line(run_cli("predict", str(project), "-i", f"features={tmp_path / 'x.npy'}",
-                           "-i", str(tmp_path / "inputs.json"), cwd=ROOT), "features", "more than once")  # fmt: skip
+                           "-i", str(tmp_path / "inputs.json"), cwd=ROOT), "features", "more than once")
 
 
 def test_read_inputs_and_feeds():
     """The pieces in process: what a file holds becomes the input's dtype, mistakes are PredictError."""
     from gpux_pack.commands.predict import Given, PredictError, feeds
-    from gpux_pack.runtime.tensors import TensorSpec
+    from gpux_pack.runtime.tensors import ServedTensor
 
-    specs = [TensorSpec("a", "float32", ("batch", 2)), TensorSpec("b", "int64", ("batch",))]
+    specs = [ServedTensor("a", "float32", ("batch", 2)), ServedTensor("b", "int64", ("batch",))]
     out = feeds(specs, [Given("a", np.ones((3, 2), np.float64), "--input a=a.npy"), Given("b", [1, 2, 3], "--input b")])
     assert out["a"].dtype == np.float32 and out["b"].dtype == np.int64
     with pytest.raises(PredictError, match="batch"):  # the named dimension must agree across inputs
@@ -521,7 +521,7 @@ def test_init_quotes_names_yaml_would_misread(tmp_path):
          helper.make_tensor_value_info("1e3", TensorProto.INT64, [None, 3])],
         [helper.make_tensor_value_info("null", TensorProto.FLOAT, ["n", 2]),
          helper.make_tensor_value_info("x: y", TensorProto.INT64, [None, 3])],
-    )  # fmt: skip
+    )
     model = tmp_path / "odd.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
     proc = run_cli("init", str(model), cwd=ROOT)
@@ -542,7 +542,7 @@ def test_init_lists_a_sequence_output_without_a_type(tmp_path):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2]),
          helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, ["n", 2])],
-    )  # fmt: skip
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "seq.onnx"))
     proc = run_cli("init", str(tmp_path / "seq.onnx"), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -109,7 +109,7 @@ def fixed_lock():
 def render_project(project: Path, override_base: bool = True) -> Rendered:
     """The cpu Dockerfile of a project, with no engine and no network. `override_base` gives
     --base-image (as the CLI calls do); without it pack.base_image reaches FROM."""
-    from gpux_pack.commands.build import load, plan_for
+    from gpux_pack.pipeline.build import load, plan_for
     from gpux_pack.image.context import model_context
     from gpux_pack.image.dockerfile import dockerfile
     from gpux_pack.plan import Options, with_lock
@@ -135,7 +135,7 @@ def render_project(project: Path, override_base: bool = True) -> Rendered:
     return Rendered(text, plan.base.image, cfg.serving.port, expected, dict(cfg.pack.labels), bool(cfg.pack.base_image),
                     Path(plan.model.path),
                     tuple(e.name if e.members is None else f"{e.name}/{m.name}" for e in context.entries
-                          for m in (e.members or (None,)) if m is None or not m.is_dir))  # fmt: skip
+                          for m in (e.members or (None,)) if m is None or not m.is_dir))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 
 from gpux_pack import providers
-from gpux_pack.runtime import warm
-from gpux_pack.runtime.tensors import TensorSpec
+from gpux_pack.runtime import devices
+from gpux_pack.runtime.tensors import ServedTensor
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = "CUDAExecutionProvider"
@@ -85,7 +85,7 @@ def test_refuses_without_onnxruntime_gpu(results, capsys, monkeypatch):
 
 def test_refuses_without_a_cuda_device(results, capsys, monkeypatch):
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, "CPUExecutionProvider"])
-    monkeypatch.setattr(warm, "nvidia_device", lambda index=0: "gpu: none (libcuda.so.1 not found)")
+    monkeypatch.setattr(devices, "nvidia_device", lambda index=0: "gpu: none (libcuda.so.1 not found)")
     assert _refusal(capsys, results) == "gpu_check: no CUDA device: gpu: none (libcuda.so.1 not found)"
 
 
@@ -103,7 +103,7 @@ def test_refuses_when_the_cuda_provider_is_not_active(results, capsys, monkeypat
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, *[p for p in real if p != CUDA]])
     monkeypatch.setattr(ort, "InferenceSession", without_cuda)
-    monkeypatch.setattr(warm, "nvidia_device", lambda index=0: "gpu: NVIDIA Test sm90 (driver 13000)")
+    monkeypatch.setattr(devices, "nvidia_device", lambda index=0: "gpu: NVIDIA Test sm90 (driver 13000)")
     line = _refusal(capsys, results)
     assert line.startswith(f"gpu_check: mlp: GPUX_REQUIRE_PROVIDER=1: {CUDA} is not active")
 
@@ -114,7 +114,7 @@ def test_checks_flag_what_differs():
     report = gpu_check.options_report(dict(table), table, effective)
     assert report["checked"] is True and report["differ"] == ["cudnn_conv_algo_search"]
     assert report["options"]["cudnn_conv_algo_search"] == {"table": "EXHAUSTIVE", "asked": "EXHAUSTIVE",
-                                                          "effective": "HEURISTIC"}  # fmt: skip
+                                                          "effective": "HEURISTIC"}
     assert gpu_check.options_report(dict(table), table, dict(table))["differ"] == []
     assert gpu_check.partition_summary({CUDA: 3, "CPUExecutionProvider": 1}, CUDA) == {
         "nodes": {CUDA: 3, "CPUExecutionProvider": 1}, "total": 4, "on_provider": 3, "all": False}
@@ -124,6 +124,6 @@ def test_checks_flag_what_differs():
     assert not gpu_check.GPU_DEVICE.match("gpu: none (no CUDA device)")
     assert not gpu_check.GPU_DEVICE.match("cpu: AMD EPYC [avx2]")
     feeds = {"features": np.zeros((1, 4), np.float32)}
-    spec = [TensorSpec("features", "float32", ("batch", 4))]
+    spec = [ServedTensor("features", "float32", ("batch", 4))]
     assert gpu_check.batched(feeds, spec, 8)["features"].shape == (8, 4)
-    assert gpu_check.batched(feeds, [TensorSpec("features", "float32", (1, 4))], 8)["features"].shape == (1, 4)
+    assert gpu_check.batched(feeds, [ServedTensor("features", "float32", (1, 4))], 8)["features"].shape == (1, 4)

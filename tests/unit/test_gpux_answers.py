@@ -20,7 +20,7 @@ import pytest
 import requests
 from onnx import TensorProto, helper
 
-from gpux_pack.commands.build import load, plan_for
+from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.plan import Options
 from gpux_pack.runtime.server import App
 from gpux_pack.runtime.session import Model
@@ -87,7 +87,7 @@ def pair(tmp_path_factory):
 
     with mock.patch.object(uvicorn, "run", run):
         thread = threading.Thread(target=gpux_serve._start_server, args=(runtime, config, "127.0.0.1", port, 1),
-                                  daemon=True)  # fmt: skip
+                                  daemon=True)
         thread.start()
         deadline = time.monotonic() + 30
         while not (held.get("server") and held["server"].started):
@@ -138,7 +138,7 @@ def test_health_info_and_metrics_carry_every_key_gpux_answers(pair):
     theirs = requests.get(url + "/metrics").json()
     assert metrics["available_providers"] == theirs["available_providers"]
     assert {k: metrics["provider"][k] for k in ("name", "available", "platform", "config")} == \
-           {k: theirs["provider"][k] for k in ("name", "available", "platform", "config")}  # fmt: skip
+           {k: theirs["provider"][k] for k in ("name", "available", "platform", "config")}
 
 
 def test_metrics_stay_prometheus_text_for_scrapers(pair):
@@ -189,7 +189,7 @@ def _check(doc: dict, schema: dict, instance) -> None:
     import jsonschema
 
     jsonschema.validate(instance, {**schema, "components": doc["components"]},
-                        cls=jsonschema.Draft202012Validator)  # fmt: skip
+                        cls=jsonschema.Draft202012Validator)
 
 
 def _response_schema(doc: dict, path: str, method: str = "get", status: str = "200") -> dict:

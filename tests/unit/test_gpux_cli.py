@@ -20,7 +20,7 @@ def test_benchmark_prints_every_statistic_and_its_json_matches_the_table(tmp_pat
     names = ("mean", "std", "min", "max", "median", "p95", "p99")
     assert all(result[f"{n}_time_ms"] >= 0 for n in names) and result["throughput_fps"] > 0
     assert result["min_time_ms"] <= result["median_time_ms"] <= result["p95_time_ms"] <= result["p99_time_ms"] <= \
-           result["max_time_ms"] and result["runs"] == 30 and result["warmup"] == 2  # fmt: skip
+           result["max_time_ms"] and result["runs"] == 30 and result["warmup"] == 2
     assert result["provider"] == "CPUExecutionProvider" and result["inputs"] == {"features": [1, 4]}
     table = run_cli("predict", str(MLP), "--benchmark", "--runs", "30", cwd=ROOT)
     assert table.returncode == 0, table.stderr
@@ -33,7 +33,7 @@ def test_inputs_as_gpux_run_takes_them(tmp_path, form):
     body = {"features": [[5.1, 3.5, 1.4, 0.2]]}
     (tmp_path / "in.json").write_text(json.dumps(body))
     args = {"inline": ["-i", json.dumps(body)], "name=inline": ["-i", "features=[[5.1, 3.5, 1.4, 0.2]]"],
-            "@file": ["-i", f"@{tmp_path / 'in.json'}"], "-f": ["-f", str(tmp_path / "in.json")]}[form]  # fmt: skip
+            "@file": ["-i", f"@{tmp_path / 'in.json'}"], "-f": ["-f", str(tmp_path / "in.json")]}[form]
     proc = run_cli("predict", str(MLP), *args, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpux_pack import providers
-from gpux_pack.commands import build
+from gpux_pack.pipeline import build
 from gpux_pack.errors import ConfigError
 from gpux_pack.plan import Options, gpux_json, with_lock
 from gpux_pack.project.config import model_name
@@ -21,9 +21,9 @@ def _plan(folder, strict=False):
     cfg = loaded.project.config
     decision = providers.decide([], list(cfg.pack.providers), cfg.runtime.gpu.backend, None)
     plan = build.plan_for(loaded, decision.providers[0], decision.reason, Options(), None, Reporter(quiet=True),
-                          pull=False)  # fmt: skip
+                          pull=False)
     plan = with_lock(plan, Lock(plan.target, plan.requirements, (Pin(plan.provider.ort, plan.provider.version,
-                                                                     frozenset({"0" * 64})),)))  # fmt: skip
+                                                                     frozenset({"0" * 64})),)))
     return loaded, plan
 
 

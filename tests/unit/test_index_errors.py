@@ -86,7 +86,7 @@ def render(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
         shutil.copytree(EXAMPLES / "mlp", project)
     return subprocess.run([sys.executable, "-m", "gpux_pack", "render", str(project), "-p", "cpu",
                            "--output", str(tmp_path / "out"), "--quiet", *extra],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=300)
 
 
 def one_line(proc: subprocess.CompletedProcess) -> str:

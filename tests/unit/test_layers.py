@@ -28,7 +28,7 @@ def test_probe_layer_is_byte_for_byte_the_engines():
 
 def test_walk_order_is_by_path_component():
     names = [m.name for m in layer_tar.walk_order([Member("a-b", 0o644, 0, data=b""), Member("a", 0o755, 0),
-                                                Member("a/b", 0o644, 0, data=b"")])]  # fmt: skip
+                                                Member("a/b", 0o644, 0, data=b"")])]
     assert names == ["a", "a/b", "a-b"]  # plain string order would put a-b before a/b
 
 
@@ -47,7 +47,7 @@ def test_sizes_and_a_readable_tar():
     members = layer_tar.walk_order([
         Member("opt", 0o755, 315532800), Member("opt/x.so", 0o755, 315532800, data=b"\x7fELF" * 300),
         Member("opt/" + "d" * 80 + "/" + "f" * 60, 0o644, 315532800, data=b"hello"),
-    ])  # fmt: skip
+    ])
     data = b"".join(layer_tar.chunks(members, b"root"))
     assert len(data) == layer_tar.size_of(members) and len(data) % 512 == 0
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
@@ -74,12 +74,12 @@ def test_a_parents_history_keeps_one_entry_per_layer_even_of_size_0():
     # assembled: our own lines, BuildKit's, a RUN that only made folders
     ours = [{"CreatedBy": "ENV A=1", "Size": 0}, {"CreatedBy": "RUN /bin/sh -c mkdir /x", "Size": 0},
             {"CreatedBy": f"{assembler.ASSEMBLED}ADD cache.tar /", "Size": 0},
-            {"CreatedBy": f"{assembler.ASSEMBLED}USER 10001:10001", "Size": 0}]  # fmt: skip
+            {"CreatedBy": f"{assembler.ASSEMBLED}USER 10001:10001", "Size": 0}]
     assert assembler.adds_layer(ours, 1) == [False, False, True, False]
     assert assembler.adds_layer(ours, 2) == [False, True, True, False]
     image = assembler.Image(tag=None, parent={"RootFS": {"Layers": ["sha256:a"] * 4}},
                             parent_history=list(reversed(history)), layers=[], config={}, history=[],
-                            created="2026-01-01T00:00:00Z")  # fmt: skip
+                            created="2026-01-01T00:00:00Z")
     written = json.loads(image.config_json())["history"]
     assert sum(not h.get("empty_layer") for h in written) == 4
     assert [h["created_by"] for h in written if not h.get("empty_layer")][-1].startswith("/bin/sh -c #(nop) ADD")

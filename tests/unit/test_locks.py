@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpux_pack import wheels
-from gpux_pack.commands.build import load, plan_for
+from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.plan import Options
 from gpux_pack.ui import Reporter
 

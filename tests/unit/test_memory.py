@@ -71,7 +71,7 @@ def test_decoding_12_mib_of_float_rows_holds_a_fraction_of_what_python_objects_w
         tracemalloc.stop()
     assert feeds["features"].shape == (12 * MiB // 18 + 1, 4) and feeds["features"].dtype == np.float32
     assert peak < 3 * len(body), peak / len(body)
-    assert mlp.app.in_flight_bytes == 0
+    assert mlp.app.budget.in_flight_bytes == 0
 
 
 def test_a_body_that_can_never_fit_is_413_and_one_that_does_not_fit_now_is_503(tmp_path):
@@ -82,14 +82,14 @@ def test_a_body_that_can_never_fit_is_413_and_one_that_does_not_fit_now_is_503(t
     status, answer, _ = client.request("POST", "/predict", escaped)
     assert status == 413 and "binary" in answer["error"] and "half its memory" in answer["error"], answer
     assert client.request("POST", "/predict", numbers)[0] == 200
-    held = client.app.hold(30 * MiB)  # another request holds most of the budget
+    held = client.app.budget.hold(30 * MiB)  # another request holds most of the budget
     try:
         status, answer, headers = client.request("POST", "/predict", numbers)
         assert status == 503 and headers[b"retry-after"] == b"1", answer
     finally:
-        client.app.release(held)
+        client.app.budget.release(held)
     assert client.app.metrics.refused.values == {"memory": 2}  # each refusal counted once, as memory
-    assert client.request("POST", "/predict", numbers)[0] == 200 and client.app.in_flight_bytes == 0
+    assert client.request("POST", "/predict", numbers)[0] == 200 and client.app.budget.in_flight_bytes == 0
 
 
 @pytest.mark.parametrize("rows, words", [
@@ -99,7 +99,7 @@ def test_a_body_that_can_never_fit_is_413_and_one_that_does_not_fit_now_is_503(t
     (b"[1,2,3,4]," * 9000 + b"[1,2,3,4],", "malformed JSON"),
     (b"[1,2,3,4]," * 9000 + b'[1,2,3,"4"]', "got strings"),
     (b"[1,2,3,4]," * 9000 + b"[1,2,3,null]", "or nulls"),
-])  # fmt: skip
+])
 def test_large_bodies_are_refused_as_small_ones_are(mlp, rows, words):
     status, answer, _ = mlp.request("POST", "/predict", b'{"features": [' + rows + b"]}")
     assert status == 400 and words in answer["error"], answer
@@ -111,11 +111,11 @@ def test_large_bodies_are_refused_as_small_ones_are(mlp, rows, words):
 def test_arrays_inside_strings_or_elsewhere_are_not_taken_for_tensors(mlp):
     text = "[" + ",".join(["1.5"] * 30000) + "]"
     body = json.dumps({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32",
-                                   "data": [1, 2, 3, 4]}], "id": text}).encode()  # fmt: skip
+                                   "data": [1, 2, 3, 4]}], "id": text}).encode()
     status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", body)
     assert status == 200 and answer["id"] == text
     body = json.dumps({"inputs": [{"name": "features", "shape": [30000], "datatype": "FP32", "data": [1, 2, 3, 4]}],
-                       "outputs": [{"name": "logits", "parameters": {"x": json.loads(text)}}]}).encode()  # fmt: skip
+                       "outputs": [{"name": "logits", "parameters": {"x": json.loads(text)}}]}).encode()
     status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", body)
     assert status == 400 and "shape [30000] needs 30000 values" in answer["error"], answer
     status, answer, _ = mlp.request("POST", "/predict", {"features": [[1, 2, 3, 4]], "extra": json.loads(text)})
@@ -128,7 +128,7 @@ def test_what_is_charged_covers_what_decoding_holds(numbers):
     found = tensors.numeric_body(body)
     tracemalloc.start()
     try:
-        found.fill(lambda path: tensors.TensorSpec("x", "float32", (-1,)))
+        found.fill(lambda path: tensors.ServedTensor("x", "float32", (-1,)))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -144,7 +144,7 @@ def test_a_large_body_is_freed_when_its_request_ends_not_at_the_next_full_collec
     bodies = [("/predict", orjson.dumps({"features": x.tolist()})),
               ("/v2/models/iris-mlp/infer", orjson.dumps({"inputs": [
                   {"name": "features", "shape": [20000, 4], "datatype": "FP32", "data": x.ravel().tolist()}]})),
-              ("/predict", orjson.dumps({"features": x[:, :3].tolist()}))]  # fmt: skip
+              ("/predict", orjson.dumps({"features": x[:, :3].tolist()}))]
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
@@ -185,7 +185,7 @@ def test_the_text_path_agrees_with_orjson_on_every_array_well_formed_or_not(monk
     7 bytes, the answer is orjson's (the same array, or a 400 where orjson or the input's checks
     refuse it), never another array."""
     monkeypatch.setattr(tensors, "CHUNK", 7)
-    spec = tensors.TensorSpec("x", dtype, None)
+    spec = tensors.ServedTensor("x", dtype, None)
     rng = np.random.default_rng(7)
     alphabet = b"0123456789.eE+-[], "
     disagreements = []
@@ -230,7 +230,7 @@ def test_a_255_kb_body_decodes_within_a_small_multiple_of_orjson():
     body = json.dumps({"features": x.tolist()}).encode()  # 255 KB, as a Python client writes it
     assert 240_000 < len(body) < 270_000
     found = tensors.numeric_body(body)
-    spec = tensors.TensorSpec("features", "float32", ("batch", 4))
+    spec = tensors.ServedTensor("features", "float32", ("batch", 4))
     assert found is not None and tensors.hole_inputs(found, [spec], [], v2=False) is not None
 
     def ours() -> np.ndarray:
@@ -255,13 +255,13 @@ def _chain(path, reshape: bool = False) -> None:
 
     inits = [numpy_helper.from_array(np.ones((4, 100), np.float32), "w1"),
              numpy_helper.from_array(np.ones((100, 2), np.float32), "w2"),
-             numpy_helper.from_array(np.array([-1, 2], np.int64), "shape")]  # fmt: skip
+             numpy_helper.from_array(np.array([-1, 2], np.int64), "shape")]
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["s"]),
              helper.make_node("Relu", ["s"], ["y"])] if reshape else [
         helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
-        helper.make_node("MatMul", ["b", "w2"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]  # fmt: skip
+        helper.make_node("MatMul", ["b", "w2"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])], inits)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])], inits)
     import onnx
 
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
@@ -293,18 +293,18 @@ def test_a_binary_request_whose_model_tensors_exceed_the_budget_is_413_before_it
     not the model's: a 413 that counts them, where it used to run (and, several at once, be
     OOM-killed in a small container)."""
     client = _app(tmp_path, 8 * 1024 * MiB, GPUX_MAX_REQUEST_BYTES=str(16 * MiB))
-    assert client.app.working == [((("features", 0),), 64)]
+    assert client.app.budget.working == [((("features", 0),), 64)]
     x = np.ones((200000, 4), np.float32)
     head = orjson.dumps({"inputs": [{"name": "features", "shape": [200000, 4], "datatype": "FP32",
                                      "parameters": {"binary_data_size": x.nbytes}}],
-                         "parameters": {"binary_data_output": True}})  # fmt: skip
+                         "parameters": {"binary_data_output": True}})
     status, answer, _ = client.request("POST", "/v2/models/iris-mlp/infer", head + x.tobytes(),
-                                       [(b"inference-header-content-length", str(len(head)).encode())])  # fmt: skip
+                                       [(b"inference-header-content-length", str(len(head)).encode())])
     assert status == 413 and f"about {25600000 + REQUEST_OVERHEAD} bytes" in answer["error"], answer
     small = head.replace(b"200000", b"20000").replace(str(x.nbytes).encode(), str(x[:20000].nbytes).encode())
     sent = client.raw("POST", "/v2/models/iris-mlp/infer", small + x[:20000].tobytes(),
-                      [(b"inference-header-content-length", str(len(small)).encode())])  # fmt: skip
-    assert sent[0]["status"] == 200 and client.app.in_flight_bytes == 0
+                      [(b"inference-header-content-length", str(len(small)).encode())])
+    assert sent[0]["status"] == 200 and client.app.budget.in_flight_bytes == 0
 
 
 def _in_pieces(app, path: str, body: bytes, pieces: int, declared: bool) -> tuple[int, list[bytes]]:
@@ -313,7 +313,7 @@ def _in_pieces(app, path: str, body: bytes, pieces: int, declared: bool) -> tupl
 
     size = -(-len(body) // pieces)
     messages = [{"type": "http.request", "body": body[i: i + size], "more_body": i + size < len(body)}
-                for i in range(0, len(body), size)]  # fmt: skip
+                for i in range(0, len(body), size)]
     headers = [(b"content-length", str(len(body)).encode())] if declared else []
     scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
     sent: list[dict] = []
@@ -334,5 +334,5 @@ def test_a_body_in_pieces_is_read_into_one_buffer_and_answered_as_in_one(mlp, de
     body = orjson.dumps({"features": x.tolist()})
     whole = mlp.raw("POST", "/predict", body)
     status, answer = _in_pieces(mlp.app, "/predict", body, 7, declared)
-    assert status == 200 and b"".join(answer) == whole[1]["body"] and mlp.app.in_flight_bytes == 0
+    assert status == 200 and b"".join(answer) == whole[1]["body"] and mlp.app.budget.in_flight_bytes == 0
     assert len(answer) > 1 and max(map(len, answer)) <= SEND_PIECE  # the answer goes out in pieces too

@@ -219,7 +219,7 @@ def test_reading_a_model_does_not_hold_its_weights(tmp_path):
     inits = [numpy_helper.from_array(np.full((n, n * 2), 0.5, np.float32), f"w{i}") for i in range(3)]
     nodes = [helper.make_node("MatMul", ["x", "w0"], ["h0"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, ["batch", n])],
-                              [helper.make_tensor_value_info("h0", T.FLOAT, ["batch", n * 2])], inits)  # fmt: skip
+                              [helper.make_tensor_value_info("h0", T.FLOAT, ["batch", n * 2])], inits)
     path = tmp_path / "big.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     size = path.stat().st_size
@@ -230,7 +230,7 @@ def test_reading_a_model_does_not_hold_its_weights(tmp_path):
              "    return int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]) * 1024\n"
              "base = kb('VmRSS')\n"
              "inspect_model(Path(sys.argv[1]))\n"
-             "print(kb('VmHWM') - base)\n")  # fmt: skip
+             "print(kb('VmHWM') - base)\n")
     proc = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     held = int(proc.stdout)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from gpux_pack import __version__, providers
-from gpux_pack.commands.build import load, plan_for
+from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.errors import UsageError
 from gpux_pack.plan import (
     Options,
@@ -67,7 +67,7 @@ MEMORY_KEY = {  # provider -> EP -> the option runtime.gpu.memory sets
     "openvino": {},
 }
 DEVICE_ID_EPS = {"CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider",
-                 "MIGraphXExecutionProvider"}  # fmt: skip
+                 "MIGraphXExecutionProvider"}
 RUN_FLAGS = {"nvidia": "--gpus all", "amd": "--device /dev/kfd --device /dev/dri --group-add video"}
 
 
@@ -186,7 +186,7 @@ def test_warmup_mode(name, cuda, setting, host):
     info = {"none": None, "with": host_with(provider), "without": host_without(provider)}[host]
     has_device = host == "with" and provider.device is not None
     expected = {"never": "none", "always": "baked",
-                "auto": "baked" if name == "tensorrt" and has_device else "at-start"}[setting]  # fmt: skip
+                "auto": "baked" if name == "tensorrt" and has_device else "at-start"}[setting]
     assert warmup_mode(setting, provider, info) == expected
 
 
@@ -503,7 +503,7 @@ def test_gpux_json(make, name, cuda):
         assert doc["run_flags"] == RUN_FLAGS[provider.device]
     if name == "openvino":
         assert doc["plugin"] == {"ep": "OpenVINOExecutionProvider", "module": "onnxruntime_ep_openvino",
-                                 "device": "CPU"}  # fmt: skip
+                                 "device": "CPU"}
     else:
         assert doc["plugin"] is None
     if name == "tensorrt":
@@ -559,7 +559,7 @@ def test_openvino_load_config(make, openvino, expected):
 def test_provider_options_by_short_or_ep_name(make):
     plan = make("cuda", config={"pack": {"provider_options": {
         "cuda": {"cudnn_conv_algo_search": "HEURISTIC", "do_copy_in_default_stream": True},
-        "CUDAExecutionProvider": {"arena_extend_strategy": "kSameAsRequested"}}}})  # fmt: skip
+        "CUDAExecutionProvider": {"arena_extend_strategy": "kSameAsRequested"}}}})
     opts = dict(plan.session_options)["CUDAExecutionProvider"]
     assert opts["cudnn_conv_algo_search"] == "HEURISTIC"
     assert opts["do_copy_in_default_stream"] == "true"
@@ -572,7 +572,7 @@ def test_tensorrt_session_options_carry_the_profiles(make, cuda):
     opts = dict(plan.session_options)["TensorrtExecutionProvider"]
     assert plan.tensorrt_profiles == {"features": {"min": [1, 4], "opt": [8, 4], "max": [32, 4]}}
     assert (opts["trt_profile_min_shapes"], opts["trt_profile_opt_shapes"], opts["trt_profile_max_shapes"]) == (
-        "features:1x4", "features:8x4", "features:32x4")  # fmt: skip
+        "features:1x4", "features:8x4", "features:32x4")
     assert "trt_profile_min_shapes" not in dict(make("cuda", cuda).session_options)["CUDAExecutionProvider"]
 
 
@@ -581,11 +581,11 @@ def test_tensorrt_profiles_derivation(make):
     cfg = make("cpu").config
     spec = lambda name, shape: SimpleNamespace(name=name, shape=shape)  # noqa: E731
     assert tensorrt_profiles(cfg, [spec("x", ("n", 3)), spec("fixed", (2, 2))]) == {
-        "x": {"min": [1, 3], "opt": [1, 3], "max": [32, 3]}}  # fmt: skip
+        "x": {"min": [1, 3], "opt": [1, 3], "max": [32, 3]}}
     assert tensorrt_profiles(cfg, [spec("x", ("n", "seq"))]) == {}
     assert tensorrt_profiles(cfg, [spec("x", (1, 3))]) == {}
     big = make("cpu", config={"runtime": {"batch_size": 64}}).config
     assert tensorrt_profiles(big, [spec("x", ("n", 3))])["x"] == {"min": [1, 3], "opt": [64, 3], "max": [64, 3]}
     given = make("cpu", config={"pack": {"tensorrt": {"profiles": {
-        "x": {"min": [1, 3], "opt": [4, 3], "max": [16, 3]}}}}}).config  # fmt: skip
+        "x": {"min": [1, 3], "opt": [4, 3], "max": [16, 3]}}}}}).config
     assert tensorrt_profiles(given, [spec("x", ("n", 3))]) == {"x": {"min": [1, 3], "opt": [4, 3], "max": [16, 3]}}

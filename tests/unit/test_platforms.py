@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import typer
-
-from gpux_pack.cli import _platforms
+from gpux_pack.commands.build import platforms as _platforms
+from gpux_pack.errors import UsageError
 from gpux_pack.registry.index import platform_of
 
 
@@ -26,7 +25,7 @@ def test_each_platform_gets_its_base_and_a_plain_base_is_for_all():
     ],
 )
 def test_refusals_name_the_option(platform, bases, push, message):
-    with pytest.raises(typer.BadParameter, match=message):
+    with pytest.raises(UsageError, match=message):
         _platforms(platform, bases, push)
 
 
@@ -51,7 +50,7 @@ def test_credentials_never_go_to_a_plain_http_token_service_of_a_secure_registry
     ("ghcr.io/org/m", ("ghcr.io", "org/m")),
     ("team/m:1", ("docker.io", "team/m")),
     ("python:3.11-slim", ("docker.io", "library/python")),
-])  # fmt: skip
+])
 def test_which_registry_a_reference_names(ref, expected):
     from gpux_pack.reference import parse_reference
 

@@ -25,7 +25,7 @@ def _free_port() -> int:
 def served(tmp_path):
     port = _free_port()
     model = Model.load(settings(spec_dir(tmp_path, "mlp"), GPUX_PORT=str(port), GPUX_HOST="127.0.0.1",
-                                GPUX_READ_TIMEOUT="1", GPUX_MAX_HEADER_BYTES="16384"))  # fmt: skip
+                                GPUX_READ_TIMEOUT="1", GPUX_MAX_HEADER_BYTES="16384"))
     handed: list = []
     thread = threading.Thread(target=runtime_server.serve, args=(model, "test", handed.append), daemon=True)
     thread.start()
@@ -75,10 +75,10 @@ def test_unfinished_headers_and_silent_bodies_are_closed_within_the_timeout(serv
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port)) as idle, \
             socket.create_connection(("127.0.0.1", port)) as partial, \
-            socket.create_connection(("127.0.0.1", port)) as body:  # fmt: skip
+            socket.create_connection(("127.0.0.1", port)) as body:
         partial.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: a")
         body.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000\r\n\r\n{\"features\": [[1, 2")  # fmt: skip
+                     b"Content-Length: 1000\r\n\r\n{\"features\": [[1, 2")
         answers = [_answer(s, 5) for s in (idle, partial, body)]
     assert time.monotonic() - started < 4
     assert answers[0].startswith(b"HTTP/1.1 408") and answers[1].startswith(b"HTTP/1.1 408"), answers

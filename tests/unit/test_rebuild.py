@@ -1,4 +1,4 @@
-"""commands/rebuild.py's model digest: equal when only trained weights change, different for
+"""pipeline/rebuild.py's model digest: equal when only trained weights change, different for
 anything a model check looks at, and no fast path for external data or broken bytes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from gpux_pack.commands import rebuild
+from gpux_pack.pipeline import rebuild
 from tests.conftest import EXAMPLES
 
 
@@ -86,9 +86,9 @@ def test_external_data_and_broken_bytes_take_the_full_build(tmp_path):
 
 
 def test_version_and_rebuild_paths_import_no_heavy_library():
-    code = ("import sys; from gpux_pack.commands import rebuild; "
+    code = ("import sys; from gpux_pack.pipeline import rebuild; "
             "heavy = {'numpy', 'onnx', 'pydantic', 'docker', 'typer', 'jinja2', 'yaml', 'requests'} & set(sys.modules); "
-            "print(sorted(heavy))")  # fmt: skip
+            "print(sorted(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

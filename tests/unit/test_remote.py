@@ -15,7 +15,7 @@ DOCKER = "application/vnd.docker.distribution.manifest.v2+json"
 
 def member(arch: str, n: int, os_: str = "linux", media: str = OCI) -> dict:
     return {"mediaType": media, "digest": f"sha256:{n:064x}", "size": 100,
-            "platform": {"architecture": arch, "os": os_}}  # fmt: skip
+            "platform": {"architecture": arch, "os": os_}}
 
 
 ARM, AMD, ATTESTATION = member("arm64", 1), member("amd64", 2), member("unknown", 3, os_="unknown")
@@ -31,7 +31,7 @@ ARM, AMD, ATTESTATION = member("arm64", 1), member("amd64", 2), member("unknown"
     ([{**AMD, "mediaType": "application/vnd.oci.image.index.v1+json"}, ARM], "amd64", ARM),  # nested index skipped
     ([{"platform": {"architecture": "amd64", "os": "linux"}}, ARM], "amd64", ARM),  # no digest: skipped
     ([], "amd64", None),
-])  # fmt: skip
+])
 def test_index_member_for_the_labels(manifests, host, expected):
     assert pick(manifests, host) == expected
 
@@ -45,7 +45,7 @@ def test_index_member_for_the_labels(manifests, host, expected):
     ("m:1", False),
     ("sha256:" + "b" * 64, False),
     ("Not A Ref", False),
-])  # fmt: skip
+])
 def test_which_references_are_read_from_their_registry(ref, expected):
     assert names_registry(ref) is expected
 

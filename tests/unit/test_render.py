@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpux_pack import providers
-from gpux_pack.commands import build
+from gpux_pack.pipeline import build
 from gpux_pack.image import context
 from gpux_pack.image import dockerfile as render
 from gpux_pack.image.layout import LAYERS
@@ -160,7 +160,7 @@ LABEL_VALUES = {  # YAML double-quoted text -> the label's value
     r"a\u202eb": "a b", r"a\u0085b": "a b", r"a\u2029b": "a b", r"a\u200bb": "a b", r"a\ufeffb": "a b",
     r"a\x1cb": "a b", r"a\x00b": "a b", r"  a \r\n\r\n\u00a0 b\t": "a b", r"\t": "",
     r"say \"hi\" \\ $HOME $${X}": 'say "hi" \\ $HOME ${X}', r"caf\u00e9 \u2192 ok": "caf\u00e9 \u2192 ok",
-}  # fmt: skip
+}
 
 
 def test_label_values_follow_one_rule_in_the_plan_and_the_dockerfile(tmp_path):
@@ -174,7 +174,7 @@ def test_label_values_follow_one_rule_in_the_plan_and_the_dockerfile(tmp_path):
     text = re.sub(r"(?m)^description:.*\n", "", config.read_text())
     config.write_text(text + 'description: |\n  Line one\n  of it.\n\n  Line two\tand\u202e three.\n')
     plan = with_lock(build.plan_for(build.load(config.parent), "cpu", "test", Options(), None, Reporter(quiet=True),
-                                    pull=False), lock_for(plan))  # fmt: skip
+                                    pull=False), lock_for(plan))
     labels = plan.labels
     assert [labels[f"k{i}"] for i in range(len(LABEL_VALUES))] == list(LABEL_VALUES.values())
     assert labels["org.opencontainers.image.description"] == "Line one of it. Line two and three."
@@ -203,7 +203,7 @@ def test_context_is_deterministic(tmp_path):
     with tarfile.open(fileobj=io.BytesIO(first)) as t:
         names = [m.name for m in t.getmembers()]
         assert names == [".gpux-context", "Dockerfile", "cache.tar", "config.tar", "model.tar", "packages.tar",
-                         "runtime.tar"]  # fmt: skip
+                         "runtime.tar"]
         assert {m.mtime for m in t.getmembers()} == {context.MTIME} and {m.uid for m in t.getmembers()} == {0}
         packages = tarfile.open(fileobj=t.extractfile("packages.tar"))
         model = tarfile.open(fileobj=t.extractfile("model.tar"))

@@ -165,12 +165,12 @@ def test_link_check_reads_the_roots_ld_so_conf_and_symlinks(root, site):
     assert tree.file(f"/lib/{TRIPLET}/libm.so.6") == root / f"usr/lib/{TRIPLET}/libm.so.6"
     lines = []
     assert linkcheck.check_tree("CPUExecutionProvider", [SHARED], [], [], [], root, overlays, SITE, HOST_ARCH,
-                                log=lines.append) == []  # fmt: skip
+                                log=lines.append) == []
     assert lines == ["link check: CPUExecutionProvider: 5 libraries resolve"]
     # the host has libc.so.6 in its own folders and /etc: the image does not, once its conf is gone
     (root / "etc/ld.so.conf.d/weird.conf").unlink()
     assert missing(linkcheck.check_tree("CPUExecutionProvider", [SHARED], [], [], [], root, overlays, SITE,
-                                        HOST_ARCH)) == ["libc.so.6"]  # fmt: skip
+                                        HOST_ARCH)) == ["libc.so.6"]
 
 
 def test_library_globs_are_relative_to_site_packages(root, site):
@@ -210,13 +210,13 @@ def test_a_foreign_architecture_is_checked_by_elf_machine(tmp_path, root, site):
 
 def test_command_line_with_a_root(root, site, capsys):
     argv = ["--provider", "CPUExecutionProvider", "--lib", SHARED, "--root", str(root), "--overlay",
-            f"{SITE}={site}", "--site", SITE, "--arch", HOST_ARCH]  # fmt: skip
+            f"{SITE}={site}", "--site", SITE, "--arch", HOST_ARCH]
     assert linkcheck.main(argv) == 0
     assert "CPUExecutionProvider: 5 libraries resolve" in capsys.readouterr().out
     (root / "etc/ld.so.conf").unlink()
     assert linkcheck.main([*argv, "--hint", "fix it"]) == 1
     assert re.fullmatch(r"link check failed: CPUExecutionProvider cannot load: libc\.so\.6 \(needed by \S+\) is not "
-                        r"in the image; fix it", capsys.readouterr().err.splitlines()[-1])  # fmt: skip
+                        r"in the image; fix it", capsys.readouterr().err.splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def test_extract_writes_nothing_outside_and_never_follows_links(tmp_path):
     kept = sorted(os.path.relpath(os.path.join(d, n), dest) for d, dirs, files in os.walk(dest) for n in dirs + files)
     assert kept == ["etc", "etc/ld.so.conf", "etc/ld.so.conf.d", "etc/ld.so.conf.d/x.conf", "lib", "usr", "usr/bin",
                     "usr/bin/python3", "usr/bin/python3.11", "usr/lib", "usr/lib/ok.so", "usr/lib/ok.so.1",
-                    "usr/lib/out", "usr/lib/python3.11"]  # fmt: skip
+                    "usr/lib/out", "usr/lib/python3.11"]
     assert os.readlink(dest / "usr/lib/out") == "/" and os.readlink(dest / "lib") == "usr/lib"
     assert (dest / "usr/lib/ok.so").read_text() == "ok"
     assert os.path.samefile(dest / "usr/lib/ok.so", dest / "usr/lib/ok.so.1")
@@ -294,7 +294,7 @@ def test_compact_keeps_what_the_link_check_reads(tmp_path):
     assert kept < 1 << 20 and copy.stat().st_blocks * 512 < 2 << 20
     before, after = ElfInfo(big), ElfInfo(copy, origin=str(big.parent))
     assert (after.machine, after.needed, after.rpath, after.runpath) == (before.machine, before.needed, before.rpath,
-                                                                         before.runpath)  # fmt: skip
+                                                                         before.runpath)
     text = tmp_path / "libtext.so"
     text.write_text("INPUT(-lfoo)\n" * 10)
     assert rootfs.compact(text) == text.stat().st_size and text.read_text().startswith("INPUT")
@@ -400,13 +400,13 @@ def test_a_killed_builds_export_container_is_removed_by_the_next_export_and_by_p
     owner = {"gone": f"{socket.gethostname()}:{dead.stdout.strip()}", "live": f"{socket.gethostname()}:{os.getpid()}"}
     made = {k: docker_client.containers.create(BASE_IMAGE, entrypoint=["/nonexistent"], network_disabled=True,
                                                labels={ROLE: "export", engine.OWNER_LABEL: v})
-            for k, v in owner.items()}  # fmt: skip
+            for k, v in owner.items()}
     try:
         rootfs.export(docker_client, BASE_IMAGE)
         left = _ours(docker_client)
         assert made["gone"].id not in left and made["live"].id in left
         made["gone"] = docker_client.containers.create(BASE_IMAGE, entrypoint=["/nonexistent"], network_disabled=True,
-                                                       labels={ROLE: "export", engine.OWNER_LABEL: owner["gone"]})  # fmt: skip
+                                                       labels={ROLE: "export", engine.OWNER_LABEL: owner["gone"]})
         cache_command.prune(30 * 86400)
         left = _ours(docker_client)
         assert made["gone"].id not in left and made["live"].id in left
@@ -485,7 +485,7 @@ def _wheel(pattern: str, requirement: str) -> Path:
         WHEELS.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
                         "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", requirement,
-                        "-d", str(WHEELS)], check=True, capture_output=True)  # fmt: skip
+                        "-d", str(WHEELS)], check=True, capture_output=True)
         found = sorted(WHEELS.glob(pattern))
     assert found, f"no {pattern} in {WHEELS}"
     return found[-1]
@@ -510,7 +510,7 @@ def debian_root(docker_client, tmp_path_factory) -> Path:
 def _check(provider_name: str, root: Path, site: Path, log=None) -> list[str]:
     p = PROVIDERS[provider_name]
     return linkcheck.check_tree(p.execution_providers[0], list(p.libraries), list(p.dlopen), list(p.library_dirs),
-                                list(p.driver_libs), root, {SITE: site}, SITE, "x86_64", log=log)  # fmt: skip
+                                list(p.driver_libs), root, {SITE: site}, SITE, "x86_64", log=log)
 
 
 @pytest.mark.e2e

@@ -16,11 +16,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gpux_pack.commands.build import load, plan_for
+from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.plan import Options
 from gpux_pack.providers import EP_NAMES
 from gpux_pack.ui import Reporter
-from gpux_pack.runtime import session as session_module
+from gpux_pack.runtime import warmup
 from gpux_pack.runtime.session import Model
 from gpux_pack.runtime.settings import ConfigurationError, Settings, StartupError
 from gpux_pack.runtime.server import App
@@ -95,7 +95,7 @@ def test_predict_and_v2_match_onnxruntime(mlp):
     np.testing.assert_allclose(body["probs"], probs, atol=1e-6)
     status, body, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", {
         "id": "r1", "inputs": [{"name": "features", "shape": [8, 4], "datatype": "FP32", "data": x.ravel().tolist()}],
-        "outputs": [{"name": "logits"}]})  # fmt: skip
+        "outputs": [{"name": "logits"}]})
     assert status == 200 and body["id"] == "r1" and body["model_version"] == "1.0.0"
     [out] = body["outputs"]
     assert out["name"] == "logits" and out["shape"] == [8, 3] and out["datatype"] == "FP32"
@@ -210,7 +210,7 @@ def test_warmup_leaves_no_profile_in_the_temporary_folder(tmp_path, monkeypatch)
     folder = spec_dir(tmp_path, "mlp", provider="cuda")  # no CUDA here: served on CPU, and profiled
     model = Model.load(settings(folder))
     assert [p.name for p in scratch.iterdir()][0].startswith("gpux-warmup-")  # there while it runs
-    assert model.warmup()["partition"] == {"CPUExecutionProvider": 3}  # after fusion
+    assert warmup.run(model)["partition"] == {"CPUExecutionProvider": 3}  # after fusion
     assert list(scratch.iterdir()) == []
     with pytest.raises(StartupError, match="is not active"):
         Model.load(settings(folder, GPUX_REQUIRE_PROVIDER="1"))
@@ -307,7 +307,7 @@ def tiny_dir(tmp_path: Path, ir_version: int = 7) -> Path:
          helper.make_tensor_value_info("bias", TensorProto.FLOAT, [3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
         [numpy_helper.from_array(np.ones(3, np.float32), "scale"),
-         numpy_helper.from_array(np.array([1, 2, 3], np.float32), "bias")])  # fmt: skip
+         numpy_helper.from_array(np.array([1, 2, 3], np.float32), "bias")])
     opset = 9 if ir_version == 3 else 13
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
     (tmp_path / "model").mkdir()
@@ -319,7 +319,7 @@ def tiny_dir(tmp_path: Path, ir_version: int = 7) -> Path:
         "overridable_inputs": [{"name": "bias", "type": "float32", "shape": [3], "required": False}],
         "outputs": [{"name": "y", "type": "float32", "shape": ["batch", 3]}],
         "execution_providers": [["CPUExecutionProvider", {}]], "provider_names": EP_NAMES,
-    }  # fmt: skip
+    }
     (tmp_path / "gpux.json").write_text(json.dumps(spec))
     return tmp_path
 
@@ -337,7 +337,7 @@ def test_good_variables_are_taken(tmp_path):
     folder = tiny_dir(tmp_path)
     s = settings(folder, GPUX_PORT=" 9000", GPUX_HOST="::", GPUX_LOG_LEVEL="DEBUG", GPUX_REQUIRE_PROVIDER="yes",
                  GPUX_PROVIDERS="OpenVINOExecutionProvider, cpu", GPUX_MAX_BODY_BYTES="100",
-                 GPUX_MAX_WORKERS="256", GPUX_TIMEOUT="0.5")  # fmt: skip
+                 GPUX_MAX_WORKERS="256", GPUX_TIMEOUT="0.5")
     assert (s.port, s.host, s.log_level, s.require_provider) == (9000, "::", "debug", True)
     assert [n for n, _ in s.providers] == ["OpenVINOExecutionProvider", "CPUExecutionProvider"]
     assert (s.max_body_bytes, s.max_workers, s.timeout) == (100, 256, 0.5)
@@ -356,7 +356,7 @@ def test_bad_config_file(tmp_path, monkeypatch):
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "other.json").write_text('{"name": "x"}')
     cases = [(tmp_path, "not a regular file"), (tmp_path / "broken.json", "not valid JSON"),
-             (tmp_path / "other.json", "not a gpux.json (it lacks version, model")]  # fmt: skip
+             (tmp_path / "other.json", "not a gpux.json (it lacks version, model")]
     for path, words in cases:
         with pytest.raises(ConfigurationError, match=re.escape(f"GPUX_CONFIG={path}: {words}")):
             Settings.load({"GPUX_CONFIG": str(path)})
@@ -429,7 +429,7 @@ def test_sigterm_mid_load_exits_143_at_once(tmp_path):
     (folder / "gpux.json").write_text(json.dumps(spec))
     env = {**os.environ, "GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "gpux_pack.runtime", "info"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     writer = None
     try:
         deadline = time.monotonic() + 60
@@ -474,7 +474,7 @@ def test_deep_json_is_400_and_the_server_goes_on(mlp):
 
 def test_info_never_500s_on_odd_metadata(mlp):
     mlp.app.model.spec["metadata"] = {"nan": float("nan"), "inf": float("-inf"), "np": np.float32(1.5),
-                                      "set": {1}, "bytes": b"ab", "ok": [1, "a", None]}  # fmt: skip
+                                      "set": {1}, "bytes": b"ab", "ok": [1, "a", None]}
     status, info, _ = mlp.request("GET", "/info")
     assert status == 200
     assert info["metadata"] == {"nan": None, "inf": None, "np": 1.5, "set": "{1}", "bytes": "ab", "ok": [1, "a", None]}
@@ -499,7 +499,7 @@ def test_overridable_inputs_are_accepted_not_listed(tiny):
     model = tiny.app.model
     assert [s.name for s in model.overridable] == ["bias"]
     assert [s.name for s in model.inputs] == ["x", "scale"]
-    assert [list(f) for f in model.warmup_feeds()] == [["x"]]  # neither generated nor required
+    assert [list(f) for f in warmup.generated_inputs(model)] == [["x"]]  # neither generated nor required
     assert model.warmup_state["state"] == "done"
     assert [i["name"] for i in tiny.request("GET", "/info")[1]["inputs"]] == ["x", "scale"]
     assert [i["name"] for i in tiny.request("GET", "/v2/models/tiny")[1]["inputs"]] == ["x", "scale"]
@@ -510,7 +510,7 @@ def test_overridable_inputs_are_accepted_not_listed(tiny):
     assert status == 200 and body == {"y": [[12.0, 22.0, 32.0], [10.0, 20.0, 30.0]]}
     status, body, _ = tiny.request("POST", "/v2/models/tiny/infer", {"inputs": [
         {"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 1, 1]},
-        {"name": "bias", "shape": [3], "datatype": "FP32", "data": [0, 0, 0]}]})  # fmt: skip
+        {"name": "bias", "shape": [3], "datatype": "FP32", "data": [0, 0, 0]}]})
     assert status == 200 and body["outputs"][0]["data"] == [1.0, 1.0, 1.0]
 
     # validated like any input; never named in the list of inputs an error offers
@@ -518,13 +518,13 @@ def test_overridable_inputs_are_accepted_not_listed(tiny):
               ({"x": x, "bias": [[1, 2, 3]]}, "input 'bias': expected rank 1"),
               ({"x": x, "bias": ["a", "b", "c"]}, "input 'bias': expected float32 values, got strings"),
               ({"bias": [1, 2, 3]}, "missing required input 'x'"),
-              ({"x": x, "weights": [1]}, "unknown input 'weights'; the model's inputs are: x, scale")]  # fmt: skip
+              ({"x": x, "weights": [1]}, "unknown input 'weights'; the model's inputs are: x, scale")]
     for request, words in checks:
         status, body, _ = tiny.request("POST", "/predict", request)
         assert status == 400 and body["error"].startswith(words)
     status, body, _ = tiny.request("POST", "/v2/models/tiny/infer", {"inputs": [
         {"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 1, 1]},
-        {"name": "bias", "shape": [3], "datatype": "INT64", "data": [0, 0, 0]}]})  # fmt: skip
+        {"name": "bias", "shape": [3], "datatype": "INT64", "data": [0, 0, 0]}]})
     assert status == 400 and body["error"] == "input 'bias': datatype INT64 does not match the model's FP32"
 
 
@@ -556,7 +556,7 @@ def _binary(header: dict, blob: bytes, length: str | None = None):
      b"\0" * 16, "x1", "Inference-Header-Content-Length 'x1'"),
     ({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4],
                   "parameters": {"binary_data_size": 0}}]}, b"", None, "both 'data' and binary_data_size"),
-])  # fmt: skip
+])
 def test_binary_requests_name_what_is_wrong(mlp, header, blob, length, words):
     body, headers = _binary(header, blob, length)
     status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", body, headers)
@@ -568,7 +568,7 @@ def test_binary_in_and_out_equal_json(mlp):
     body, headers = _binary({"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32",
                                          "parameters": {"binary_data_size": 32}}],
                              "outputs": [{"name": "probs", "parameters": {"binary_data": True}}], "id": "r1"},
-                            x.tobytes())  # fmt: skip
+                            x.tobytes())
     sent = mlp.raw("POST", "/v2/models/iris-mlp/infer", body, headers)
     start, payload = sent[0], sent[1]["body"]
     hdrs = dict(start["headers"])
@@ -623,7 +623,7 @@ def test_cgroup_limits_size_threads_and_bodies(tmp_path):
     ({"features": [["1", "2", "3", "4"]]}, "got strings"),
     ({"features": [[True, False, True, True]]}, "got booleans"),
     ({"features": [[1, None, 3, 4]]}, "or nulls"),
-])  # fmt: skip
+])
 def test_numbers_as_text_are_still_refused(mlp, body, words):
     status, answer, _ = mlp.request("POST", "/predict", body)
     assert status == 400 and words in answer["error"], answer
@@ -640,7 +640,7 @@ def test_grpc_messages_match_tritonclients():
 
     def fields(d):
         out = {f.name: (f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else None,
-                        f.containing_oneof.name if f.containing_oneof else None) for f in d.fields}  # fmt: skip
+                        f.containing_oneof.name if f.containing_oneof else None) for f in d.fields}
         out.update({f"nested {n.name}": fields(n) for n in d.nested_types})
         return out
 
@@ -674,7 +674,7 @@ def _grpc_calls(app: App, calls: list[tuple[str, bytes]]) -> list[tuple[str, str
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 for method, raw in calls:
                     call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}",
-                                               request_serializer=None, response_deserializer=None)  # fmt: skip
+                                               request_serializer=None, response_deserializer=None)
                     try:
                         answer = await call(raw, timeout=30)
                         out.append(("OK", answer))
@@ -709,7 +709,7 @@ def test_grpc_answers_client_mistakes_with_their_status_codes_and_no_traceback(m
               ("ModelInfer", _infer_request(name="feature")),
               ("ModelInfer", _infer_request(shape=[1 << 40, 4])),
               ("ModelInfer", _infer_request(shape=[3, 4])),
-              ("ModelInfer", good)]  # fmt: skip
+              ("ModelInfer", good)]
     with caplog.at_level("DEBUG"):
         answers = _grpc_calls(mlp.app, calls)
     parse = [(code, details.split(" (")[0]) for code, details in answers[:len(grpc_v2.METHODS) + 1]]
@@ -722,7 +722,7 @@ def test_grpc_answers_client_mistakes_with_their_status_codes_and_no_traceback(m
     [logits, probs] = reference("mlp", {"features": np.ones((2, 4), np.float32)})
     assert [o.name for o in response.outputs] == ["logits", "probs"]
     np.testing.assert_allclose(np.frombuffer(response.raw_output_contents[1], np.float32).reshape(2, 3), probs,
-                               atol=1e-6)  # fmt: skip
+                               atol=1e-6)
     for _, details in answers[:-1]:
         assert details and "\n" not in details and "Traceback" not in details
     assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")], caplog.text
@@ -745,9 +745,9 @@ def test_grpc_typed_contents_that_do_not_fit_their_datatype_are_a_client_mistake
     from types import SimpleNamespace
 
     from gpux_pack.runtime import grpc_v2
-    from gpux_pack.runtime.tensors import RequestError, TensorSpec
+    from gpux_pack.runtime.tensors import RequestError, ServedTensor
 
-    spec = TensorSpec("x", "int8", (-1,))
+    spec = ServedTensor("x", "int8", (-1,))
     model = SimpleNamespace(inputs=[spec], overridable=(), outputs=[])
     request = grpc_v2.message_classes()["ModelInferRequest"](model_name="m")
     request.inputs.add(name="x", datatype="INT8", shape=[2]).contents.int_contents.extend([1, 300])
@@ -760,7 +760,7 @@ def _two_cpus(folder: Path, **env: str) -> Settings:
     from gpux_pack.runtime import resources
 
     return Settings.load({"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache"), **env},
-                         limits=resources.Limits(cpus=2, memory=8 << 30, memory_from="cgroup"))  # fmt: skip
+                         limits=resources.Limits(cpus=2, memory=8 << 30, memory_from="cgroup"))
 
 
 def _heavy(folder: Path) -> Path:
@@ -774,15 +774,15 @@ def _heavy(folder: Path) -> Path:
     weights.update({f"w{i}": rng.random((384, 384)) / 384 for i in range(4)})
     nodes = [helper.make_node("MatMul", ["features", "w_in"], ["h"]),
              helper.make_node("Transpose", ["h"], ["col"], perm=[1, 0]),
-             helper.make_node("MatMul", ["col", "ones"], ["m0"])]  # fmt: skip
+             helper.make_node("MatMul", ["col", "ones"], ["m0"])]
     nodes += [helper.make_node("MatMul", [f"m{i}", f"w{i}"], [f"m{i + 1}"]) for i in range(4)]
     nodes += [helper.make_node("ReduceMean", ["m4"], ["mean"], axes=[0], keepdims=1),
               helper.make_node("MatMul", ["mean", "w_out"], ["logits"]),
-              helper.make_node("Softmax", ["logits"], ["probs"], axis=-1)]  # fmt: skip
+              helper.make_node("Softmax", ["logits"], ["probs"], axis=-1)]
     graph = helper.make_graph(
         nodes, "heavy", [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 3]) for n in ("logits", "probs")],
-        [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()])  # fmt: skip
+        [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "model" / "model.onnx")
     return folder
 
@@ -794,14 +794,14 @@ def test_threads_are_chosen_by_a_rule_the_same_on_every_start(tmp_path):
         (tmp_path / str(i)).mkdir()
         model = Model.load(_two_cpus(spec_dir(tmp_path / str(i), "mlp")))
         assert model.threads["intra_op"] == 2 and model.threads["chosen"] == "cpus" and "no run timed" in \
-            model.threads["why"]  # fmt: skip
-        assert model.warmup()["state"] == "done"
-        threads = model.tune_threads()
-        assert threads["chosen"] == "rule" and 0 < threads["run_ms"] < session_module.ONE_THREAD_MS, threads
+            model.threads["why"]
+        assert warmup.run(model)["state"] == "done"
+        threads = warmup.tune_threads(model)
+        assert threads["chosen"] == "rule" and 0 < threads["run_ms"] < warmup.ONE_THREAD_MS, threads
         chosen.append(threads["intra_op"])
     assert chosen == [1] * 10
     assert "too cheap for parallelism to pay; 1 thread" in threads["why"] and f"{threads['run_ms']:g} ms" in \
-        threads["why"]  # fmt: skip
+        threads["why"]
     feeds = {"features": np.array([[5.1, 3.5, 1.4, 0.2]], np.float32)}
     expected = reference("mlp", feeds)
     assert all(np.allclose(model.run(feeds)[k], v, atol=1e-6) for k, v in zip(("logits", "probs"), expected))
@@ -811,11 +811,11 @@ def test_a_model_whose_run_is_not_cheap_keeps_every_cpu_without_a_second_session
     model = Model.load(_two_cpus(_heavy(spec_dir(tmp_path, "mlp"))))
     loaded = model.session
     monkeypatch.setattr(ort, "InferenceSession", None)  # tune_threads must not load another session
-    model.warmup()
-    threads = model.tune_threads()
+    warmup.run(model)
+    threads = warmup.tune_threads(model)
     assert threads["intra_op"] == 2 and threads["chosen"] == "rule" and threads["run_ms"] >= 1, threads
     assert threads["why"] == f"a run takes {threads['run_ms']:g} ms on 2 threads (>= 0.25 ms): every CPU the " \
-        "container has (2)"  # fmt: skip
+        "container has (2)"
     assert model.session is loaded
 
 
@@ -824,14 +824,14 @@ def test_a_model_whose_run_is_not_cheap_keeps_every_cpu_without_a_second_session
     ([0.3, 0.1, 0.4, 0.1, 0.1, 0.1], 0.1, 6),
     ([1.0, 1.2, 0.9, 1.1], 1.05, 4),  # four of seven on one side: settled
     ([5.0, 9.0], 7.0, 2),  # two runs ten times over the threshold: settled
-])  # fmt: skip
+])
 def test_the_rule_reads_a_median_and_stops_once_its_side_is_settled(monkeypatch, costs, median, runs):
     from types import SimpleNamespace
 
     stamps = iter([t for ms in costs for t in (0.0, ms / 1000)])  # perf_counter before and after each run
-    monkeypatch.setattr(session_module, "time", SimpleNamespace(perf_counter=lambda: next(stamps)))
+    monkeypatch.setattr(warmup, "time", SimpleNamespace(perf_counter=lambda: next(stamps)))
     count: list[int] = []
-    assert session_module._run_cost(lambda: count.append(1), 0.25) == pytest.approx(median)
+    assert warmup._run_cost(lambda: count.append(1), 0.25) == pytest.approx(median)
     assert len(count) == runs
 
 
@@ -839,8 +839,8 @@ def test_gpux_threads_wins_and_info_says_why(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     fixed = Model.load(_two_cpus(spec_dir(tmp_path / "a", "mlp"), GPUX_THREADS="2"))
-    fixed.warmup()
-    assert fixed.tune_threads() == {"intra_op": 2, "chosen": "GPUX_THREADS", "why": "GPUX_THREADS=2"}
+    warmup.run(fixed)
+    assert warmup.tune_threads(fixed) == {"intra_op": 2, "chosen": "GPUX_THREADS", "why": "GPUX_THREADS=2"}
     app = App(Model.load(_two_cpus(spec_dir(tmp_path / "b", "mlp"))), "test")
     app.start_warmup()
     assert app.ready.wait(10)
@@ -861,15 +861,15 @@ def test_grpc_charges_a_message_before_parsing_it_and_counts_one_refusal(tmp_pat
     app.start_warmup()
     assert app.ready.wait(10)
     big = _infer_request(x=np.ones((200_000, 4), np.float32))  # 3.2 MB: 3x that and 2 MiB charged to parse
-    held = app.hold(250 << 20)
+    held = app.budget.hold(250 << 20)
     try:
         [(code, details)] = _grpc_calls(app, [("ModelInfer", big)])
     finally:
-        app.release(held)
+        app.budget.release(held)
     assert code == "UNAVAILABLE" and "in flight" in details, details
-    assert app.metrics.refused.values == {"memory": 1} and app.in_flight_bytes == 0
+    assert app.metrics.refused.values == {"memory": 1} and app.budget.in_flight_bytes == 0
     [(code, _)] = _grpc_calls(app, [("ModelInfer", _infer_request(x=np.ones((20_000, 4), np.float32)))])
-    assert code == "OK" and app.in_flight_bytes == 0
+    assert code == "OK" and app.budget.in_flight_bytes == 0
 
 
 
@@ -884,7 +884,65 @@ def test_grpc_reads_a_bounded_number_and_size_of_messages_at_once():
     def limits(mib: int) -> tuple[int, int]:
         lim = resources.Limits(2, mib << 20, "cgroup")
         return grpc_v2.call_limits(SimpleNamespace(max_queue=16, max_body_bytes=resources.default_body_bytes(lim),
-                                                   max_in_flight_bytes=resources.default_in_flight_bytes(lim)))  # fmt: skip
+                                                   max_in_flight_bytes=resources.default_in_flight_bytes(lim)))
 
     assert [limits(m) for m in (128, 256, 1024, 4096, 16384)] == [
         (16, 1 << 20), (16, 2 << 20), (16, 8 << 20), (16, 32 << 20), (16, 64 << 20)]
+
+
+def test_rest_and_grpc_refuse_the_same_mistakes_with_the_same_messages(mlp):
+    """One checker (runtime/v2.py): each bad request, sent as REST JSON, REST binary and gRPC (raw
+    and typed contents), gets one message whatever the transport; a good one passes all four. Values
+    that do not fill the shape are told in the form they came in: bytes for REST binary data and
+    gRPC raw contents, values for JSON data and typed contents."""
+    from gpux_pack.runtime import grpc_v2
+
+    ok = np.ones((2, 4), np.float32)
+    cases = {  # what is wrong -> (input name, datatype, shape, values, outputs asked for)
+        "unknown input": ("feature", "FP32", [2, 4], ok, None),
+        "datatype": ("features", "FP64", [2, 4], ok.astype(np.float64), None),
+        "negative dimension": ("features", "FP32", [-2, 4], ok, None),
+        "count": ("features", "FP32", [3, 4], ok, None),
+        "rank": ("features", "FP32", [8], ok, None),
+        "fixed dimension": ("features", "FP32", [4, 2], ok, None),
+        "budget": ("features", "FP32", [1 << 40, 4], ok, None),
+        "unknown output": ("features", "FP32", [2, 4], ok, ["logit"]),
+        "output twice": ("features", "FP32", [2, 4], ok, ["probs", "probs"]),
+        "good": ("features", "FP32", [2, 4], ok, ["probs"]),
+    }
+
+    def rest(name, datatype, shape, x, outputs, binary):
+        item = {"name": name, "datatype": datatype, "shape": shape}
+        tail = b""
+        if binary:
+            tail = x.tobytes()
+            item["parameters"] = {"binary_data_size": len(tail)}
+        else:
+            item["data"] = x.ravel().tolist()
+        doc = {"inputs": [item], **({"outputs": [{"name": o} for o in outputs]} if outputs else {})}
+        header = json.dumps(doc).encode()
+        headers = [(b"inference-header-content-length", str(len(header)).encode())] if binary else []
+        status, body, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", header + tail, headers=headers)
+        return "OK" if status == 200 else body["error"]
+
+    def grpc_message(name, datatype, shape, x, outputs, typed):
+        request = grpc_v2.message_classes()["ModelInferRequest"](model_name="iris-mlp")
+        item = request.inputs.add(name=name, datatype=datatype, shape=shape)
+        if typed:
+            getattr(item.contents, "fp64_contents" if datatype == "FP64" else "fp32_contents").extend(x.ravel().tolist())
+        else:
+            request.raw_input_contents.append(x.tobytes())
+        for o in outputs or ():
+            request.outputs.add(name=o)
+        return request.SerializeToString()
+
+    calls = [("ModelInfer", grpc_message(*case, typed)) for case in cases.values() for typed in (False, True)]
+    answers = iter(_grpc_calls(mlp.app, calls))
+    for what, case in cases.items():
+        as_json, as_binary = rest(*case, binary=False), rest(*case, binary=True)
+        raw, typed = ("OK" if code == "OK" else details for code, details in (next(answers), next(answers)))
+        assert as_json == typed and as_binary == raw, (what, as_json, typed, as_binary, raw)
+        assert what == "count" or as_json == as_binary, (what, as_json, as_binary)
+        assert (as_json == "OK") == (what == "good"), (what, as_json)
+    assert "needs 12 values, got 8" in rest(*cases["count"], binary=False)
+    assert "needs 48 bytes of FP32, binary_data_size is 32" in rest(*cases["count"], binary=True)

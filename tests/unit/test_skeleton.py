@@ -14,7 +14,7 @@ from gpux_pack.project.skeleton import ALIGN, WireError, copy_ranges, external_f
 def _model(path, weights: int = 3, width: int = 96, extra=()):
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((width, width), dtype=np.float32), f"w{i}")
-             for i in range(weights)]  # fmt: skip
+             for i in range(weights)]
     inits.append(numpy_helper.from_array(np.array([1.5], np.float32), "small"))
     nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"], [f"h{i}"]) for i in range(weights)]
     nodes.append(helper.make_node("Mul", [f"h{weights - 1}", "small"], ["y"]))

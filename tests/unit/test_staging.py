@@ -39,7 +39,7 @@ def test_the_lock_makes_a_second_process_wait(tmp_path):
     """A real second process blocks on the entry's lock until the first releases it."""
     final = tmp_path / "entry"
     code = ("import sys; from pathlib import Path; from gpux_pack import staging\n"
-            "with staging.locked(Path(sys.argv[1])): print('got', flush=True)")  # fmt: skip
+            "with staging.locked(Path(sys.argv[1])): print('got', flush=True)")
     with staging.locked(final):
         other = subprocess.Popen([sys.executable, "-c", code, str(final)], stdout=subprocess.PIPE, text=True)
         waited = threading.Event()

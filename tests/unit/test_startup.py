@@ -13,14 +13,14 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from gpux_pack.runtime import metrics
-from gpux_pack.runtime.session import _sample, _Spread
+from gpux_pack.runtime.warmup import _sample, _Spread
 from tests.conftest import ROOT, copy_example
 from tests.unit.test_runtime import tiny_dir
 
 RUNTIME = Path(__file__).resolve().parents[2] / "gpux_pack" / "runtime"
 
 EVENTS = [("/predict", 200, 0.0005), ("/predict", 200, 0.003), ("/health", 503, 31.0),
-          ("/v2/models/{name}/infer", 200, 1.0), ("/predict", 400, 0.001)]  # fmt: skip
+          ("/v2/models/{name}/infer", 200, 1.0), ("/predict", 400, 0.001)]
 RUNS = [(1, 0.0001), (3, 0.002), (512, 0.5), (1000, 100.0), (2, 0.25)]  # on a bound, past the last
 
 
@@ -31,10 +31,10 @@ def _prometheus_objects() -> tuple[bytes, bytes]:
     r = CollectorRegistry()
     requests = Counter("gpux_requests", "HTTP requests answered", ["endpoint", "code"], registry=r)
     latency = Histogram("gpux_request_seconds", "Time from request to response", ["endpoint"],
-                        buckets=metrics.LATENCY, registry=r)  # fmt: skip
+                        buckets=metrics.LATENCY, registry=r)
     inference = Histogram("gpux_inference_seconds", "session.run time per batch", buckets=metrics.LATENCY, registry=r)
     batch = Histogram("gpux_batch_rows", "Rows per session.run (batches merge requests)", buckets=metrics.ROWS,
-                      registry=r)  # fmt: skip
+                      registry=r)
     Counter("gpux_batched_requests", "Requests answered by a run shared with others", registry=r)
     queue = Gauge("gpux_queue_depth", "Requests waiting for an inference worker", registry=r)
     in_flight = Gauge("gpux_in_flight_bytes", "Request bytes held by requests in flight", registry=r)
@@ -120,7 +120,7 @@ def test_onnxruntime_telemetry_is_off_in_the_runtime_and_the_cli(tmp_path):
         folder_ = tmp_path / name
         folder_.mkdir()
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120,
-                              env={**quiet, "HOME": str(folder_), "TMPDIR": str(folder_), **env})  # fmt: skip
+                              env={**quiet, "HOME": str(folder_), "TMPDIR": str(folder_), **env})
         assert proc.returncode == 0, proc.stderr
         return folder_
 

@@ -16,10 +16,11 @@ from gpux_pack import providers
 from gpux_pack.errors import BuildError
 from gpux_pack.image.dockerfile import link_check_command
 from gpux_pack.install import check_links
-from gpux_pack.plan import SITE, RuntimeBase, session_options
+from gpux_pack.plan import RuntimeBase, session_options
+from gpux_pack.runtime.paths import SITE
 from gpux_pack.project.load import load_project
 from gpux_pack.providers import BaseImage
-from gpux_pack.runtime import linkcheck, warm
+from gpux_pack.runtime import caches, linkcheck
 from gpux_pack.wheels import Installed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,8 +93,8 @@ def test_the_warmup_key_has_the_options_without_cache_paths_and_the_device(tmp_p
                                  "    profiles: {x: {min: [1, 3], opt: [8, 3], max: [64, 3]}}\n")
     spec = {"model": {"sha256": "ab" * 32}}
     libs = {"onnxruntime-gpu": "1.31.1"}
-    parts = warm.key_parts(spec, "TensorrtExecutionProvider", opts, [{"x": [1, 3]}], "1.31.1", device=H100,
-                           libraries=libs)  # fmt: skip
+    parts = caches.key_parts(spec, "TensorrtExecutionProvider", opts, [{"x": [1, 3]}], "1.31.1", device=H100,
+                           libraries=libs)
     assert parts["device"] == H100 and parts["libraries"] == libs and parts["provider"] == "TensorrtExecutionProvider"
     assert parts["options"] == {  # sorted; where a cache lives is not what it holds
         "device_id": "0",
@@ -109,12 +110,12 @@ def test_the_warmup_key_has_the_options_without_cache_paths_and_the_device(tmp_p
         "trt_timing_cache_enable": "true",
     }
     assert list(parts["options"]) == sorted(parts["options"])
-    moved = warm.key_parts(spec, "TensorrtExecutionProvider", {**opts, "trt_engine_cache_path": "${GPUX_CACHE_DIR}/x"},
-                           [{"x": [1, 3]}], "1.31.1", device=H100, libraries=libs)  # fmt: skip
-    assert warm.digest(moved) == warm.digest(parts)
-    other_gpu = warm.key_parts(spec, "TensorrtExecutionProvider", opts, [{"x": [1, 3]}], "1.31.1",
+    moved = caches.key_parts(spec, "TensorrtExecutionProvider", {**opts, "trt_engine_cache_path": "${GPUX_CACHE_DIR}/x"},
+                           [{"x": [1, 3]}], "1.31.1", device=H100, libraries=libs)
+    assert caches.digest(moved) == caches.digest(parts)
+    other_gpu = caches.key_parts(spec, "TensorrtExecutionProvider", opts, [{"x": [1, 3]}], "1.31.1",
                                device=H100.replace("H100 80GB HBM3 sm90", "A100-SXM4-80GB sm80"), libraries=libs)
-    assert warm.digest(other_gpu) != warm.digest(parts) and warm.short(parts).startswith("sm90-")
+    assert caches.digest(other_gpu) != caches.digest(parts) and caches.short(parts).startswith("sm90-")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def image(tmp_path: Path, elf: Path, nvinfer: str | None) -> tuple[Path, Path]:
 
 def check(root: Path, site: Path, tensorrt: str, log=None, dirs=()) -> list[str]:
     return linkcheck.check_tree("TensorrtExecutionProvider", [PROVIDER_LIB], [], list(dirs), ["libc.so.6"], root,
-                                {SITE: site}, SITE, ARCH, [], log, tensorrt)  # fmt: skip
+                                {SITE: site}, SITE, ARCH, [], log, tensorrt)
 
 
 def test_a_base_with_an_older_tensorrt_fails(elf, tmp_path):
@@ -172,7 +173,7 @@ def test_a_base_with_an_older_tensorrt_fails(elf, tmp_path):
     ("libnvinfer.so.10.14.1", "10.14.1"),
     ("libnvinfer.so.10.16.0", "10.14.1"),
     ("libnvinfer.so.10.13.3", "10.9.0"),  # numbers, not text: 10.13 is newer than 10.9
-])  # fmt: skip
+])
 def test_the_same_or_a_newer_tensorrt_passes(elf, tmp_path, nvinfer, required):
     root, site = image(tmp_path, elf, nvinfer)
     lines: list[str] = []
@@ -217,7 +218,7 @@ def test_the_build_fails_with_the_rows_version_and_base(elf, tmp_path):
     root, site = image(tmp_path, elf, "libnvinfer.so.10.13.3")
     row = replace(providers.get("tensorrt"), libraries=(PROVIDER_LIB,), dlopen=(), driver_libs=("libc.so.6",))
     base = BaseImage("nvcr.io/nvidia/tensorrt:25.10-py3", "3.12", (2, 39), nvidia_libs="base", probed=True,
-                     rootfs=str(root), arch=ARCH)  # fmt: skip
+                     rootfs=str(root), arch=ARCH)
     installed = Installed(None, site, False, ())  # type: ignore[arg-type]
     with pytest.raises(BuildError) as e:
         check_links(RuntimeBase(row, base, "linux/amd64", "host", "base"), installed, Lines())
@@ -235,7 +236,7 @@ def test_the_build_fails_with_the_rows_version_and_base(elf, tmp_path):
 def test_command_line(elf, tmp_path, capsys):
     root, site = image(tmp_path, elf, "libnvinfer.so.10.13.3")
     args = ["--provider", "TensorrtExecutionProvider", "--lib", PROVIDER_LIB, "--driver", "libc.so.6", "--root",
-            str(root), "--overlay", f"{SITE}={site}", "--site", SITE, "--arch", ARCH]  # fmt: skip
+            str(root), "--overlay", f"{SITE}={site}", "--site", SITE, "--arch", ARCH]
     assert linkcheck.main([*args, "--tensorrt", "10.14.1", "--hint", "use 25.11"]) == 1
     assert capsys.readouterr().err.splitlines()[-1].endswith("is older than 10.14.1, which onnxruntime 1.31.1's "
                                                              "TensorRT provider was built for; use 25.11")

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpux_pack.commands.build import load, plan_for
+from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.plan import Options, tensorrt_profiles, with_lock
-from gpux_pack.runtime import warm
-from gpux_pack.runtime.session import _shapes
+from gpux_pack.runtime import caches
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Lock, Pin
 
@@ -48,7 +47,7 @@ def test_a_dynamic_batch_gets_a_derived_profile_and_exact_options(tmp_path):
         "trt_profile_max_shapes": "features:32x4",
     }  # exactly these: no option more, none less
     assert spec["warmup_profiles"] == {"features": {"min": [1, 4], "opt": [1, 4], "max": [32, 4]}}
-    assert _shapes(spec) == [{"features": [1, 4]}, {"features": [1, 4]}, {"features": [1, 4]}, {"features": [32, 4]}]
+    assert caches.warmup_shapes(spec) == [{"features": [1, 4]}, {"features": [1, 4]}, {"features": [1, 4]}, {"features": [32, 4]}]
 
 
 def test_given_profiles_precision_and_ep_context(tmp_path):
@@ -61,7 +60,7 @@ def test_given_profiles_precision_and_ep_context(tmp_path):
     assert opts["trt_dump_ep_context_model"] == "true" and opts["trt_ep_context_embed_mode"] == "1"
     assert opts["trt_ep_context_file_path"] == "${GPUX_CACHE_DIR}/model_ctx.onnx"
     folder = tmp_path / "key"
-    expanded = warm.expand(opts, folder)
+    expanded = caches.expand(opts, folder)
     assert expanded["trt_engine_cache_path"] == str(folder / "tensorrt") and (folder / "tensorrt").is_dir()
     assert expanded["trt_ep_context_file_path"] == str(folder / "model_ctx.onnx")
     assert not (folder / "model_ctx.onnx").exists()  # a file path, not made as a folder
@@ -71,26 +70,26 @@ def test_the_key_names_what_an_engine_depends_on(tmp_path):
     spec = trt_spec(tmp_path)
     opts = dict(spec["execution_providers"])["TensorrtExecutionProvider"]
     libs = {"onnxruntime-gpu": "1.31.1", "tensorrt-cu13-libs": "10.14.1"}
-    parts = warm.key_parts(spec, "TensorrtExecutionProvider", opts, _shapes(spec), "1.31.1", device=H200,
-                           libraries=libs)  # fmt: skip
+    parts = caches.key_parts(spec, "TensorrtExecutionProvider", opts, caches.warmup_shapes(spec), "1.31.1", device=H200,
+                           libraries=libs)
     assert parts["device"] == H200 and parts["libraries"] == libs
     assert parts["model_sha256"] == spec["model"]["sha256"] and parts["onnxruntime"] == "1.31.1"
     assert parts["options"]["trt_profile_max_shapes"] == "features:32x4"
     assert "trt_engine_cache_path" not in parts["options"]  # where the cache lives is not what it holds
     assert parts["shapes"][-1] == {"features": [32, 4]}
-    key = warm.digest(parts)
-    assert warm.short(parts) == f"sm90-{key[:6]}"
+    key = caches.digest(parts)
+    assert caches.short(parts) == f"sm90-{key[:6]}"
     for change in (dict(device="gpu: NVIDIA A100-SXM4-80GB sm80 (driver 13000)"),
                    dict(libraries={**libs, "tensorrt-cu13-libs": "10.15.0"}),
-                   dict(options={**parts["options"], "trt_fp16_enable": "true"})):  # fmt: skip
-        assert warm.digest({**parts, **change}) != key, change
+                   dict(options={**parts["options"], "trt_fp16_enable": "true"})):
+        assert caches.digest({**parts, **change}) != key, change
 
 
 @pytest.mark.parametrize("shape, derived", [
     ("[batch, 4]", {"x": {"min": [1, 4], "opt": [1, 4], "max": [32, 4]}}),
     ("[batch, seq]", {}),  # a dynamic sequence length has no rule: TensorRT builds per shape
     ("[2, 4]", {}),
-])  # fmt: skip
+])
 def test_the_derivation_rule(tmp_path, shape, derived):
     from gpux_pack.project.config import TensorSpec
     from gpux_pack.project.load import load_project

@@ -3,6 +3,7 @@ import hashlib
 import pytest
 
 from gpux_pack import wheels
+from gpux_pack.runtime.paths import SITE
 from gpux_pack.wheels import Lock, Pin, Target
 
 UV_OUTPUT = """click==8.5.1 \\
@@ -81,4 +82,4 @@ def test_bytecode_is_the_same_whichever_folder_it_was_compiled_in(tmp_path):
         (site / "__init__.py").write_text("def f():\n    raise ValueError('x')\n")
         wheels._compile(site.parent)
         made.append(next(site.rglob("*.pyc")).read_bytes())
-    assert made[0] == made[1] and wheels.IMAGE_SITE.encode() in made[0]
+    assert made[0] == made[1] and SITE.encode() in made[0]

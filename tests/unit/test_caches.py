@@ -1,4 +1,4 @@
-"""Compiled-artefact caches (runtime/warm.py) on real folders: keys, verification, the choice
+"""Compiled-artefact caches (runtime/caches.py) on real folders: keys, verification, the choice
 at start, publishing under concurrency, partition and accuracy."""
 
 from __future__ import annotations
@@ -10,80 +10,80 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpux_pack.runtime import warm
+from gpux_pack.runtime import caches, devices
 
 SPEC = {"model": {"sha256": "ab" * 32}}
 OPTS = {"device_type": "CPU", "cache_dir": "${GPUX_CACHE_DIR}/openvino"}
 
 
 def parts(**change):
-    p = warm.key_parts(SPEC, "OpenVINOExecutionProvider", OPTS, [{"x": [1, 4]}], "1.24.1",
+    p = caches.key_parts(SPEC, "OpenVINOExecutionProvider", OPTS, [{"x": [1, 4]}], "1.24.1",
                        device="cpu: Test CPU [avx2 fma]", libraries={"onnxruntime-openvino": "1.24.1"})
     return {**p, **change}
 
 
-def compile_into(cache: warm.Cache, content: bytes = b"blob") -> dict:
+def compile_into(cache: caches.Cache, content: bytes = b"blob") -> dict:
     folder = cache.folder / "openvino"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "123.blob").write_bytes(content)
-    return warm.publish(cache, {"shapes": [{"x": [1, 4]}], "seconds": 0.1})
+    return caches.publish(cache, {"shapes": [{"x": [1, 4]}], "seconds": 0.1})
 
 
 def test_the_key_covers_what_compiled_code_depends_on_and_not_the_cache_path():
-    base = warm.digest(parts())
-    assert warm.digest(parts()) == base
+    base = caches.digest(parts())
+    assert caches.digest(parts()) == base
     for change in ({"device": "cpu: Other [avx512f]"}, {"onnxruntime": "1.25.0"}, {"shapes": [{"x": [8, 4]}]},
                    {"libraries": {"onnxruntime-openvino": "1.25.0"}}, {"model_sha256": "cd" * 32}):
-        assert warm.digest(parts(**change)) != base, change
+        assert caches.digest(parts(**change)) != base, change
     assert parts()["options"] == {"device_type": "CPU"}  # the cache path is not part of the key
-    assert warm.short(parts()) == f"avx2-{base[:6]}"
-    assert warm.short(parts(device="gpu: NVIDIA H200 sm90 (driver 13000)")).startswith("sm90-")
-    assert warm.cpu_device().startswith("cpu: ")
+    assert caches.short(parts()) == f"avx2-{base[:6]}"
+    assert caches.short(parts(device="gpu: NVIDIA H200 sm90 (driver 13000)")).startswith("sm90-")
+    assert devices.cpu_device().startswith("cpu: ")
 
 
 def test_a_compiled_cache_is_found_again_as_volume_and_verified(tmp_path):
-    first = warm.choose(parts(), tmp_path / "cache", tmp_path / "baked")
+    first = caches.choose(parts(), tmp_path / "cache", tmp_path / "baked")
     assert first.source == "compiled" and first.folder.name.startswith(".")
-    assert warm.expand(OPTS, first.folder) == {"device_type": "CPU", "cache_dir": str(first.folder / "openvino")}
+    assert caches.expand(OPTS, first.folder) == {"device_type": "CPU", "cache_dir": str(first.folder / "openvino")}
     record = compile_into(first)
     assert first.folder == tmp_path / "cache" / first.key and not any(p.name.startswith(".") for p in
                                                                        (tmp_path / "cache").iterdir())
     assert record["files"] == [{"path": "openvino/123.blob", "size": 4,
-                                "sha256": warm.sha256(first.folder / "openvino" / "123.blob")}]
-    again = warm.choose(parts(), tmp_path / "cache", tmp_path / "baked")
+                                "sha256": caches.sha256(first.folder / "openvino" / "123.blob")}]
+    again = caches.choose(parts(), tmp_path / "cache", tmp_path / "baked")
     assert (again.source, again.folder, again.warnings) == ("volume", first.folder, [])
 
 
 def test_a_corrupt_blob_or_an_altered_key_is_never_used(tmp_path):
-    cache = warm.choose(parts(), tmp_path / "cache", tmp_path / "baked")
+    cache = caches.choose(parts(), tmp_path / "cache", tmp_path / "baked")
     compile_into(cache)
     (cache.folder / "openvino" / "123.blob").write_bytes(b"blub")
-    corrupt = warm.choose(parts(), tmp_path / "cache", tmp_path / "baked")
+    corrupt = caches.choose(parts(), tmp_path / "cache", tmp_path / "baked")
     assert corrupt.source == "compiled"
     assert corrupt.warnings == [f"not using the volume cache {cache.folder}: openvino/123.blob is corrupt "
                                 "(sha256 differs from the record)"]
     compile_into(corrupt, b"new blob")  # replaces the corrupt folder
     assert (cache.folder / "openvino" / "123.blob").read_bytes() == b"new blob"
-    record = json.loads((cache.folder / warm.RECORD).read_text())
+    record = json.loads((cache.folder / caches.RECORD).read_text())
     record["parts"]["device"] = "cpu: Elsewhere [avx512f]"
-    (cache.folder / warm.RECORD).write_text(json.dumps(record))
-    altered = warm.choose(parts(), tmp_path / "cache", tmp_path / "baked")
+    (cache.folder / caches.RECORD).write_text(json.dumps(record))
+    altered = caches.choose(parts(), tmp_path / "cache", tmp_path / "baked")
     assert altered.source == "compiled" and len(altered.warnings) == 1
     assert "key mismatch: device (recorded 'cpu: Elsewhere [avx512f]', this container 'cpu: Test CPU [avx2 fma]')" \
         in altered.warnings[0]
 
 
 def test_a_baked_cache_is_read_in_place_and_one_for_another_device_is_named(tmp_path):
-    baker = warm.choose(parts(), tmp_path / "bake", tmp_path / "none")
+    baker = caches.choose(parts(), tmp_path / "bake", tmp_path / "none")
     compile_into(baker)
     baked = tmp_path / "baked"
     baked.mkdir()
     baker.folder.rename(baked / baker.key)
     (baked).chmod(0o555)
     try:
-        found = warm.choose(parts(), tmp_path / "cache", baked)
+        found = caches.choose(parts(), tmp_path / "cache", baked)
         assert (found.source, found.folder) == ("baked", baked / baker.key)
-        other = warm.choose(parts(device="gpu: NVIDIA A100 sm80 (driver 13000)"), tmp_path / "cache", baked)
+        other = caches.choose(parts(device="gpu: NVIDIA A100 sm80 (driver 13000)"), tmp_path / "cache", baked)
         assert other.source == "compiled" and other.folder.parent == tmp_path / "cache"
         assert other.warnings == [f"not using the baked cache {baked / baker.key}: key mismatch: device (recorded "
                                   "'cpu: Test CPU [avx2 fma]', this container 'gpu: NVIDIA A100 sm80 (driver 13000)')"]
@@ -92,25 +92,25 @@ def test_a_baked_cache_is_read_in_place_and_one_for_another_device_is_named(tmp_
 
 
 def test_an_unwritable_cache_dir_falls_back_to_tmp(tmp_path, monkeypatch):
-    monkeypatch.setattr(warm, "FALLBACK_DIR", str(tmp_path / "fallback"))
+    monkeypatch.setattr(caches, "FALLBACK_CACHE_DIR", str(tmp_path / "fallback"))
     (tmp_path / "file").write_text("a file, so nothing can be made under it (even as root)")
-    cache = warm.choose(parts(), tmp_path / "file" / "cache", tmp_path / "baked")
+    cache = caches.choose(parts(), tmp_path / "file" / "cache", tmp_path / "baked")
     assert cache.source == "compiled" and cache.folder.parent == tmp_path / "fallback"
 
 
 def test_no_writable_folder_at_all_serves_without_a_cache_in_one_warning(tmp_path, monkeypatch):
     """A read-only root with no tmpfs at /tmp was exit 1 with a traceback ("Read-only file system")."""
     (tmp_path / "file").write_text("nothing can be made under a file, even as root")
-    monkeypatch.setattr(warm, "FALLBACK_DIR", str(tmp_path / "file" / "fallback"))
-    cache = warm.choose(parts(), tmp_path / "file" / "cache", tmp_path / "baked")
+    monkeypatch.setattr(caches, "FALLBACK_CACHE_DIR", str(tmp_path / "file" / "fallback"))
+    cache = caches.choose(parts(), tmp_path / "file" / "cache", tmp_path / "baked")
     assert (cache.source, cache.folder) == ("none", None)
     assert len(cache.warnings) == 1 and "serving without a cache" in cache.warnings[0]
-    assert warm.expand(OPTS, cache.folder) == {"device_type": "CPU"}  # the provider caches nowhere
+    assert caches.expand(OPTS, cache.folder) == {"device_type": "CPU"}  # the provider caches nowhere
 
 
 def _odd_record(folder: Path, kind: str) -> None:
     folder.mkdir(parents=True)
-    record = folder / warm.RECORD
+    record = folder / caches.RECORD
     if kind == "fifo":
         import os
 
@@ -128,11 +128,11 @@ def test_an_odd_record_is_one_warning_and_a_fresh_compile_never_a_hang(tmp_path,
     """warmup.json as a FIFO or a link to /dev/zero: never ready; 50 MB of it: OOM at start."""
     import threading
 
-    key = warm.digest(parts())
+    key = caches.digest(parts())
     _odd_record(tmp_path / "cache" / key, kind)
     outcome: list = []
-    worker = threading.Thread(target=lambda: outcome.append(warm.choose(parts(), tmp_path / "cache",
-                                                                           tmp_path / "baked")), daemon=True)  # fmt: skip
+    worker = threading.Thread(target=lambda: outcome.append(caches.choose(parts(), tmp_path / "cache",
+                                                                           tmp_path / "baked")), daemon=True)
     worker.start()
     worker.join(20)
     assert outcome, "choose did not return"
@@ -140,7 +140,7 @@ def test_an_odd_record_is_one_warning_and_a_fresh_compile_never_a_hang(tmp_path,
     assert cache.source == "compiled" and len(cache.warnings) == 1, cache.warnings
     assert cache.warnings[0].startswith(f"not using the volume cache {tmp_path / 'cache' / key}: ")
     record = compile_into(cache)  # and publishing over the odd folder replaces it
-    assert warm.verify(tmp_path / "cache" / key, parts())["files"] == record["files"]
+    assert caches.verify(tmp_path / "cache" / key, parts())["files"] == record["files"]
 
 
 def test_a_compile_leaves_no_stale_folders_behind_it(tmp_path):
@@ -154,17 +154,17 @@ def test_a_compile_leaves_no_stale_folders_behind_it(tmp_path):
     for folder in (old, busy, bad):
         (folder / "sub").mkdir(parents=True)
         (folder / "sub" / "blob").write_bytes(b"x")
-    past = time.time() - warm.STALE_AGE - 60
+    past = time.time() - caches.STALE_AGE - 60
     for path in (old, old / "sub", old / "sub" / "blob", bad, bad / "sub", bad / "sub" / "blob"):
         os.utime(path, (past, past))
     os.utime(busy, (past, past))  # only its file is recent: a compile writing into a subfolder
-    cache = warm.choose(parts(), root, tmp_path / "baked")
+    cache = caches.choose(parts(), root, tmp_path / "baked")
     assert cache.source == "compiled"
     assert {p.name for p in root.iterdir()} == {busy.name, cache.folder.name}
 
 
 def _warm_one(root: str, content: bytes) -> str:
-    cache = warm.choose(parts(), Path(root), Path(root) / "no-baked")
+    cache = caches.choose(parts(), Path(root), Path(root) / "no-baked")
     if cache.source == "compiled":  # else another process published first: found as "volume"
         compile_into(cache, content)
     return str(cache.folder)
@@ -174,10 +174,10 @@ def test_containers_warming_one_volume_at_once_all_end_with_a_valid_folder(tmp_p
     root = tmp_path / "volume"
     with multiprocessing.get_context("spawn").Pool(6) as pool:  # not fork: earlier tests leave threads running (servers, gRPC); a forked child can deadlock on a lock one held
         folders = pool.starmap(_warm_one, [(str(root), b"blob %d" % i) for i in range(12)])
-    key = warm.digest(parts())
+    key = caches.digest(parts())
     assert set(folders) == {str(root / key)}
     assert sorted(p.name for p in root.iterdir()) == [key]  # no temporary folder left behind
-    warm.verify(root / key, parts())
+    caches.verify(root / key, parts())
 
 
 def test_partition_counts_fused_subgraphs_as_the_nodes_they_took():
@@ -189,18 +189,18 @@ def test_partition_counts_fused_subgraphs_as_the_nodes_they_took():
         {"cat": "Node", "name": "/Shape_kernel_time", "args": {"provider": "CPUExecutionProvider", "op_name": "Shape"}},
         {"cat": "Node", "name": "/Gather_kernel_time", "args": {"provider": "CPUExecutionProvider", "op_name": "Gather"}},
     ]
-    assert warm.partition(events, 10) == ({"CPUExecutionProvider": 2, "OpenVINOExecutionProvider": 8},
+    assert caches.partition(events, 10) == ({"CPUExecutionProvider": 2, "OpenVINOExecutionProvider": 8},
                                           ["Gather", "Shape"])
 
 
 def test_accuracy_reports_errors_and_names_the_output_beyond_the_limits():
     ours = {"probs": np.array([0.5, 0.25], np.float32), "label": np.array([1, 2])}
     ref = {"probs": np.array([0.5, 0.2500001], np.float32), "label": np.array([1, 2])}
-    errors = warm.accuracy(ours, ref)
+    errors = caches.accuracy(ours, ref)
     assert errors["label"] == {"max_abs": 0.0, "max_rel": 0.0}
     assert 0 < errors["probs"]["max_abs"] < 1e-6 and 0 < errors["probs"]["max_rel"] < 1e-6
-    assert warm.violation(errors, ours, ref, atol=1e-5, rtol=0) is None
-    problem = warm.violation(errors, ours, ref, atol=0, rtol=0)
+    assert caches.violation(errors, ours, ref, atol=1e-5, rtol=0) is None
+    problem = caches.violation(errors, ours, ref, atol=0, rtol=0)
     assert problem.startswith("output 'probs' differs from the CPU provider beyond pack.accuracy (atol 0, rtol 0): "
                               "max abs error ")
 
@@ -212,6 +212,6 @@ def test_library_versions_are_what_importlib_metadata_says():
     expected: dict[str, str] = {}
     for dist in metadata.distributions():
         name = (dist.metadata.get("Name") or "").lower()
-        if warm.LIBRARIES.match(name):
+        if caches.LIBRARIES.match(name):
             expected[name] = dist.version
-    assert warm.library_versions() == dict(sorted(expected.items())) and "onnxruntime" in expected
+    assert caches.library_versions() == dict(sorted(expected.items())) and "onnxruntime" in expected

@@ -28,24 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .devices import device_of
+from .paths import BAKED_DIR, CACHE_PLACEHOLDER, FALLBACK_CACHE_DIR
+
 log = logging.getLogger("gpux")
 
-BAKED_DIR = "/opt/gpux/warm"  # caches baked into the image by `gpux-pack warmup` (read-only)
-FALLBACK_DIR = "/tmp/gpux-cache"  # when GPUX_CACHE_DIR cannot be written (read-only root, no volume)
 RECORD = "warmup.json"
 MAX_RECORD = 4 << 20  # a record lists files: one this large was not written by a container
 STALE_AGE = 6 * 3600  # a temporary compile folder untouched this long belongs to a container that died
 CONTEXT_MODEL = "model_ctx.onnx"  # an EP context model in a key folder: loaded instead of the original
 FORMAT = 1
-PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's cache folder
 
-# CPU features compiled code may depend on (x86 flags, aarch64 Features); the rest of
-# /proc/cpuinfo (bugs, power management) does not change what a compiler emits.
-ISA = {
-    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd",
-    "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
-    "asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "bf16", "i8mm", "sme",
-}  # fmt: skip
 # The distributions whose versions change what a provider compiles.
 LIBRARIES = re.compile(r"^(onnxruntime.*|openvino.*|tensorrt.*|nvidia-(cuda-runtime|cudnn|cublas).*)$")
 
@@ -70,9 +63,9 @@ def key_parts(spec: dict[str, Any], provider: str, options: dict[str, Any], shap
         "onnxruntime": onnxruntime,
         "libraries": libraries if libraries is not None else library_versions(),
         "device": device if device is not None else device_of(provider),
-        "options": {k: str(v) for k, v in sorted(options.items()) if PLACEHOLDER not in str(v)},
+        "options": {k: str(v) for k, v in sorted(options.items()) if CACHE_PLACEHOLDER not in str(v)},
         "shapes": shapes,
-    }  # fmt: skip
+    }
 
 
 def digest(parts: dict[str, Any]) -> str:
@@ -88,7 +81,7 @@ def short(parts: dict[str, Any]) -> str:
     else:
         flags = device.rsplit("[", 1)[-1]
         best = next((f for f in ("amx_int8", "avx512_vnni", "avx512f", "avx2", "sve2", "sve", "asimd") if f in flags),
-                    "cpu")  # fmt: skip
+                    "cpu")
         name = best.replace("_", "")
     return f"{name}-{digest(parts)[:6]}"
 
@@ -120,7 +113,7 @@ def library_versions() -> dict[str, str]:
             continue
         for folder in folders:
             if not folder.endswith((".dist-info", ".egg-info")) or \
-                    not re.sub(r"[-_.]+", "-", folder.lower()).startswith(LIBRARY_PREFIXES):  # fmt: skip
+                    not re.sub(r"[-_.]+", "-", folder.lower()).startswith(LIBRARY_PREFIXES):
                 continue
             name, version = _name_version(Path(entry or ".", folder))
             if LIBRARIES.match(name.lower()) and version:
@@ -149,76 +142,6 @@ def _name_version(folder: Path) -> tuple[str, str]:
                 version = value.strip()
         break
     return name, version
-
-
-def device_of(provider: str) -> str:
-    """The device a provider compiles for: the GPU (name and compute capability) for NVIDIA's
-    providers, else the CPU (model name and the ISA features compiled code may use)."""
-    if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
-        return nvidia_device()
-    return cpu_device()
-
-
-def cpu_device() -> str:
-    _, model, flags = _cpuinfo()
-    return f"cpu: {model} [{' '.join(sorted(flags))}]"
-
-
-def cpu_vendor() -> tuple[str, str]:
-    """('AuthenticAMD', 'AMD EPYC 7763 64-Core Processor'): which plugin EPs offer a device
-    depends on it (OpenVINO's matches Intel's vendor id only)."""
-    vendor, model, _ = _cpuinfo()
-    return vendor or "unknown vendor", model
-
-
-def _cpuinfo() -> tuple[str, str, set[str]]:
-    """The first CPU's vendor id, model name and ISA flags from /proc/cpuinfo."""
-    vendor, model, flags = "", os.uname().machine, set()
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        name = name.strip().lower()
-        if name == "vendor_id" and not vendor:
-            vendor = value.strip()
-        elif name in ("model name", "cpu model") and model == os.uname().machine:
-            model = " ".join(value.split())
-        elif name in ("flags", "features") and not flags:
-            flags = set(value.split()) & ISA
-    return vendor, model, flags
-
-
-def no_device(ep: str, device: str, offered: list[str], vendor: str, model: str) -> str:
-    """The one line said when a plugin EP offers no device of the kind asked for: by the
-    runtime at start, and by `plan` and `providers` before a build."""
-    if device == "CPU" and vendor != "GenuineIntel":
-        why = f"this CPU is {vendor}, {model}; the plugin offers devices on Intel's (vendor id 0x8086) only"
-    else:
-        why = f"it offers {', '.join(sorted(set(offered))) or 'none'}" + (
-            "; start the container with --device /dev/dri" if device in ("GPU", "NPU") else "")
-    return f"the {ep} plugin offers no {device} device here: {why}"
-
-
-def nvidia_device(index: int = 0) -> str:
-    """'gpu: NVIDIA H200 sm90 (driver 13000)' through the driver API (libcuda.so.1, mounted by
-    the NVIDIA container toolkit); 'gpu: none (...)' without one."""
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "gpu: none (libcuda.so.1 not found)"
-    device, major, minor, version = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    name = ctypes.create_string_buffer(256)
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(device), index) != 0:
-        return "gpu: none (no CUDA device)"
-    cuda.cuDeviceGetName(name, 256, device)
-    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)
-    cuda.cuDriverGetVersion(ctypes.byref(version))
-    return f"gpu: {name.value.decode(errors='replace')} sm{major.value}{minor.value} (driver {version.value})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +189,7 @@ def read_record(folder: Path) -> dict[str, Any]:
     except (ValueError, RecursionError):
         raise CacheError(f"its {RECORD} is not valid JSON") from None
     if not isinstance(record, dict) or not isinstance(record.get("parts"), dict) or not isinstance(
-            record.get("files"), list):  # fmt: skip
+            record.get("files"), list):
         raise CacheError(f"its {RECORD} is not a warmup record")
     return record
 
@@ -314,7 +237,7 @@ class Cache:
 def choose(parts: dict[str, Any], cache_root: Path, baked_root: Path = Path(BAKED_DIR),
            caches: bool = True) -> Cache:
     """A verified baked cache, else a verified one in cache_root, else a fresh folder to
-    compile into (in cache_root when writable, else FALLBACK_DIR)."""
+    compile into (in cache_root when writable, else FALLBACK_CACHE_DIR)."""
     key = digest(parts)
     if not caches:
         return Cache(key, parts, None, "none")
@@ -353,7 +276,7 @@ def fresh(parts: dict[str, Any], cache_root: Path, warnings: list[str] | None = 
         except OSError as e:
             warnings.append(f"cannot compile into {root} ({e.strerror or e}); serving without a cache")
     else:
-        warnings.append(f"neither GPUX_CACHE_DIR ({cache_root}) nor {FALLBACK_DIR} can be written; serving "
+        warnings.append(f"neither GPUX_CACHE_DIR ({cache_root}) nor {FALLBACK_CACHE_DIR} can be written; serving "
                         "without a cache (mount a volume there, or a tmpfs at /tmp)")
     return Cache(key, parts, None, "none", warnings=warnings)
 
@@ -397,8 +320,8 @@ def _token() -> str:
 
 
 def writable_root(cache_root: Path) -> Path | None:
-    """GPUX_CACHE_DIR when this user can write there, else FALLBACK_DIR, else None."""
-    for root in (cache_root, Path(FALLBACK_DIR)):
+    """GPUX_CACHE_DIR when this user can write there, else FALLBACK_CACHE_DIR, else None."""
+    for root in (cache_root, Path(FALLBACK_CACHE_DIR)):
         try:
             root.mkdir(parents=True, exist_ok=True)
             probe = root / f".probe-{os.getpid()}-{_token()}"
@@ -408,7 +331,7 @@ def writable_root(cache_root: Path) -> Path | None:
         except OSError as e:
             if root == cache_root:
                 log.info("GPUX_CACHE_DIR %s is not writable (%s); compiling into %s", cache_root, e.strerror or e,
-                         FALLBACK_DIR)  # fmt: skip
+                         FALLBACK_CACHE_DIR)
     return None
 
 
@@ -451,10 +374,10 @@ def expand(options: dict[str, Any], folder: Path | None) -> dict[str, Any]:
     subfolders created: providers expect them)."""
     out = {}
     for name, value in options.items():
-        if isinstance(value, str) and PLACEHOLDER in value:
+        if isinstance(value, str) and CACHE_PLACEHOLDER in value:
             if folder is None:
                 continue
-            value = value.replace(PLACEHOLDER, str(folder))
+            value = value.replace(CACHE_PLACEHOLDER, str(folder))
             if not name.endswith(("_file_path", "_file")):
                 Path(value).mkdir(parents=True, exist_ok=True)
         out[name] = value
@@ -462,7 +385,7 @@ def expand(options: dict[str, Any], folder: Path | None) -> dict[str, Any]:
 
 
 def uses_cache(options: dict[str, Any]) -> bool:
-    return any(isinstance(v, str) and PLACEHOLDER in v for v in options.values())
+    return any(isinstance(v, str) and CACHE_PLACEHOLDER in v for v in options.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,5 +456,21 @@ def violation(errors: dict[str, dict[str, float]], ours: dict[str, Any], referen
         if bad.any():
             e = errors[name]
             return (f"output '{name}' differs from the CPU provider beyond pack.accuracy (atol {atol}, rtol {rtol}): "
-                    f"max abs error {e['max_abs']:.3g}, max rel error {e['max_rel']:.3g}")  # fmt: skip
+                    f"max abs error {e['max_abs']:.3g}, max rel error {e['max_rel']:.3g}")
     return None
+
+
+def warmup_shapes(spec: dict[str, Any]) -> list[dict[str, list[int]]]:
+    """The input shapes warmup runs (part of the cache key): each required input's declared
+    shape (where gpux.yml fixed sizes the graph leaves open, those) with dynamic dimensions at 1,
+    then one run per profile point (min, opt, max)."""
+    base = {}
+    for t in spec["inputs"]:
+        if t.get("required", True):
+            shape = t.get("declared_shape") or t.get("shape") or ()
+            base[t["name"]] = [d if isinstance(d, int) and d >= 0 else 1 for d in shape]
+    runs = [base]
+    profiles: dict[str, dict[str, list[int]]] = spec.get("warmup_profiles") or {}
+    for point in ("min", "opt", "max") if profiles else ():
+        runs.append({**base, **{name: list(p[point]) for name, p in profiles.items() if name in base and point in p}})
+    return runs

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.client
 import json
 import mmap
 import os
-import socket
 import stat
 import sys
 import time
@@ -37,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpux_pack import __version__, staging
+from gpux_pack.engine import unix_socket
 from gpux_pack.image import layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.project.skeleton import WireError, fields
@@ -90,7 +89,7 @@ def _fingerprint(folder: Path, skip: set[str]) -> list[list[Any]]:
 def _with_digests(folder: Path, files: list[list[Any]]) -> list[list[Any]]:
     """The fingerprint with each file's sha256 (None past HASHED: those must keep their time)."""
     return [[name, size, mtime, _file_sha256(folder / name, size) if size <= HASHED else None]
-            for name, size, mtime in files]  # fmt: skip
+            for name, size, mtime in files]
 
 
 def _unchanged(folder: Path, recorded: list[list[Any]], now: list[list[Any]]) -> bool:
@@ -196,42 +195,18 @@ def _sha256(path: Path, size: int) -> str:
 # the engine, over its socket
 
 
-class _Connection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
-
-
-def _socket_path() -> str:
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://") or os.environ.get("DOCKER_CONTEXT"):
-        raise Miss("the engine is not on a local unix socket")
-    return host[len("unix://"):]
-
-
-def _call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
-          timeout: float = 600) -> tuple[int, bytes]:
-    conn = _Connection(_socket_path(), timeout)
+def _call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     try:
-        conn.request(method, url, body=body, headers=headers or {}, encode_chunked=body is not None)
-        response = conn.getresponse()
-        return response.status, response.read()
-    except OSError as e:
-        raise Miss(f"the engine did not answer ({e})") from None
-    finally:
-        conn.close()
+        return unix_socket.call(method, url, body, headers)
+    except unix_socket.Unreachable as e:
+        raise Miss(str(e)) from None
 
 
 def _image_id(ref: str) -> str | None:
-    from urllib.parse import quote
-
-    status, body = _call("GET", f"/images/{quote(ref, safe='')}/json")
-    return json.loads(body).get("Id") if status == 200 else None
+    try:
+        return unix_socket.image_id(ref)
+    except unix_socket.Unreachable as e:
+        raise Miss(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +242,7 @@ def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: s
                     item["data"] = base64.b64encode(m.data).decode()
                 members.append(item)
             layers.append({"name": lay.name, "created_by": lay.created_by, "uname": lay.uname.decode(),
-                           "members": members})  # fmt: skip
+                           "members": members})
         doc = {
             "format": FORMAT, "version": __version__, "tag": loaded.tag, "provider": provider,
             "project": str(project_dir.resolve()),
@@ -277,7 +252,7 @@ def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: s
             "summary": summary,
             "config": loaded.config.decode(), "parent_diff_ids": loaded.parent_diff_ids,
             "own_history": loaded.own_history, "layers": layers,
-        }  # fmt: skip
+        }
         staging.write_text(path, json.dumps(doc))
     except (Miss, OSError, ValueError):
         try:
@@ -333,11 +308,11 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: 
                 m["data"] = base64.b64encode(data).decode()
             ranges = tuple(tuple(r) for r in m["ranges"]) if "ranges" in m else None  # the same structure: the same places
             members.append(layer_tar.Member(m["name"], m["mode"], m["mtime"], source=model if m.get("model") else None,
-                                            data=data, uid=m["uid"], gid=m["gid"], ranges=ranges))  # fmt: skip
+                                            data=data, uid=m["uid"], gid=m["gid"], ranges=ranges))
         uname = lay["uname"].encode()
         layer_tar.check(members)
         layers.append(LayerTar(lay["name"], members, layer_tar.digest(members, uname), layer_tar.size_of(members),
-                               lay["created_by"], uname))  # fmt: skip
+                               lay["created_by"], uname))
     config = json.loads(doc["config"].replace(old_sha, sha))
     created = created_now()
     config["created"] = created
@@ -347,7 +322,7 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: 
     config["rootfs"]["diff_ids"] = [*doc["parent_diff_ids"], *(lay.diff_id for lay in layers)]
     loaded_config = config_bytes(config)
     status, body = _call("POST", "/images/load?quiet=1", chunks([Loadable(doc["tag"], loaded_config,
-                         doc["parent_diff_ids"], layers)]), {"Content-Type": "application/x-tar"})  # fmt: skip
+                         doc["parent_diff_ids"], layers)]), {"Content-Type": "application/x-tar"})
     if status != 200 or b'"error' in body:
         raise Miss("the engine refused the image")
     status, body = _call("GET", f"/images/{hashlib.sha256(loaded_config).hexdigest()}/json")
@@ -363,7 +338,7 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: 
     seconds = time.perf_counter() - started
     if json_out:  # build --json: the summary CI pipelines read, as the full build prints it
         row = {**doc["summary"], "id": image["Id"], "size_bytes": image.get("Size", 0), "seconds": round(seconds, 2),
-               "runtime_base_built": False, "steps": 0, "cached_steps": 0, "digest": digest}  # fmt: skip
+               "runtime_base_built": False, "steps": 0, "cached_steps": 0, "digest": digest}
         return json.dumps({"images": [row], "indexes": [], "failed": [], "seconds": round(seconds, 2)}, indent=2)
     line = built_line(doc["tag"], image["Id"], image.get("Size", 0), doc["provider"], seconds, "assembled, nothing ran")
     return line + (f"\npushed {digest}" if digest else "")

@@ -1,0 +1,68 @@
+"""`gpux-pack plan`: every decision a build would make (provider and why, base image and its facts,
+Python, the lock with download sizes, tag, warmup, runtime base reuse), downloading no wheel and
+building nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpux_pack import engine, wheels
+from gpux_pack.pipeline import build
+from gpux_pack.plan import Options
+from gpux_pack.ui import Reporter
+
+
+def plans(path: Path, provider: str | None, tag: str | None, options: Options, offline: bool, contained: bool,
+          strict: bool) -> list[dict[str, Any]]:
+    """One plan per provider, as `plan --json` prints it."""
+    ui = Reporter(quiet=True)
+    loaded, decision, client = build.open_project(path, provider, tag, engine.try_connect, ui, contained, strict,
+                                                  warn=False)
+    host = engine.host_info(client) if client is not None else None
+    out = []
+    for name in decision.providers:
+        plan = build.locked(build.plan_for(loaded, name, decision.reason, options, client, ui, pull=False), ui,
+                            client=client, offline=offline)
+        lock = plan.lock
+        known = wheels.sizes(lock, offline=offline)
+        pins = [{"name": p.name, "version": p.version, "size_bytes": known[p.name][0], "cached": known[p.name][1]}
+                for p in lock.pins]
+        note = host.plugin_refusal(plan.provider, loaded.project.config.pack.openvino.device) if host else ""
+        out.append({
+            "provider": plan.provider.name, "reason": plan.reason, "tag": plan.tag,
+            "base_image": {"image": plan.base.image, "python": plan.base.python, "platform": plan.platform,
+                           "arch": plan.base.arch, "glibc": ".".join(map(str, plan.base.glibc)),
+                           "inspected": plan.base.probed, "interpreter": plan.runtime_base.config.python},
+            "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
+            "runtime_base": {"tag": plan.runtime_base.tag, "present": plan.runtime_base_present},
+            "onnxruntime": lock.version_of(plan.provider.ort),
+            "lock": pins,
+            "download_bytes": sum(p["size_bytes"] or 0 for p in pins if not p["cached"]),
+            "download_unknown": [p["name"] for p in pins if not p["cached"] and p["size_bytes"] is None],
+            "cached_bytes": sum(p["size_bytes"] or 0 for p in pins if p["cached"]),
+            "notes": [*plan.notes, *([f"{note}; an image started on this host serves on the CPU provider"] if note else [])],
+        })
+    return out
+
+
+def lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The plans as `plan` prints them without --json."""
+    out = []
+    for r in rows:
+        base = r["base_image"]
+        facts = f"Python {base['python']}, glibc {base['glibc']}, {base['arch']}"
+        out.append(f"{r['provider']}: {r['reason']}")
+        out.append(f"  tag           {r['tag']}")
+        out.append(f"  base image    {base['image']} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
+        out.append(f"  warmup        {r['warmup']}   link check: {r['link_check']}")
+        out += [f"  note          {note}" for note in r["notes"]]
+        state = "present: only the model is built" if r["runtime_base"]["present"] else "built on the first build"
+        out.append(f"  runtime base  {r['runtime_base']['tag']} ({state})")
+        unknown = f", {len(r['download_unknown'])} of unknown size" if r["download_unknown"] else ""
+        out.append(f"  lock          {len(r['lock'])} packages, {r['download_bytes'] / 1e6:.1f} MB to download{unknown}, "
+                   f"{r['cached_bytes'] / 1e6:.1f} MB cached")
+        for p in r["lock"]:
+            size = "?" if p["size_bytes"] is None else f"{p['size_bytes'] / 1e6:.1f} MB"
+            out.append(f"    {p['name'] + '==' + p['version']:<42} {size:>10}  {'cached' if p['cached'] else 'to download'}")
+    return out

@@ -1,0 +1,161 @@
+"""The memory a server may hold for requests: every request's bytes are charged here as they
+arrive (its body, its tensors, the graph's intermediate tensors and outputs they imply, its
+answer) and released when it is answered; past GPUX_MAX_IN_FLIGHT_BYTES a request waits for none
+of it (503), past GPUX_MAX_REQUEST_BYTES one request is refused (413). HTTP and gRPC charge the
+same budget. Memory freed by large requests goes back to the system once idle (malloc_trim)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from .resources import REQUEST_OVERHEAD
+from .tensors import RequestError, ServedTensor
+from .v2 import V2Request
+
+Feeds = Any  # one request's {input: array}, or GPUX's batch form: a list of them
+
+
+class Budget:
+    def __init__(self, model: Any, codec: Executor):
+        self.model, self.settings, self.codec = model, model.settings, codec
+        # the graph's intermediate tensors at their peak: bytes x the request's (input, axis) sizes
+        self.working = [(tuple((d[0], d[1]) for d in term["dims"]), int(term["bytes"]))
+                        for term in (model.spec.get("model") or {}).get("working_memory") or ()]
+        # a request charged this much may leave freed memory in malloc's free lists: trimmed once
+        # idle; sooner in a small container, where what the heap keeps is a large share
+        memory = self.settings.limits.memory if self.settings.limits else 1 << 34
+        self.trim_after = min(TRIM_AFTER, memory // 32)
+        self._lock = threading.Lock()
+        self.in_flight_bytes = 0
+        self._large = False  # a large request finished since memory was last trimmed
+
+    def hold(self, n: int) -> int:
+        """Count n request bytes against what all requests in flight may hold; 503 past it."""
+        with self._lock:
+            if n and self.in_flight_bytes + n > self.settings.max_in_flight_bytes:
+                raise RequestError("too many request bytes in flight; retry shortly", 503, refused="memory")
+            self.in_flight_bytes += n
+        return n
+
+    def hold_decode(self, cost: int, size: int) -> int:
+        """Count what decoding a body will hold; a body that could never fit is 413, not an OOM."""
+        limit = self.settings.max_in_flight_bytes
+        if cost > limit:
+            raise RequestError(f"decoding this {size}-byte body would hold about {cost} bytes, more than this server "
+                               f"may hold for requests ({limit}, half its memory); send the tensors as binary data "
+                               "(KServe v2 binary extension) or .npy", 413, refused="memory")
+        return self.hold(cost)
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.in_flight_bytes -= n
+            self._large = self._large or n >= self.trim_after
+            trim = self._large and self.in_flight_bytes == 0
+            if trim:
+                self._large = False
+        if trim:  # malloc_trim walks every arena (tens of ms after a large request): never on the event loop
+            try:
+                self.codec.submit(trim)
+            except RuntimeError:  # shutting down
+                pass
+
+    def request_bytes(self, feeds: Feeds, request: V2Request, v2: bool) -> int:
+        """What a decoded request holds until its answer is sent: its tensors, the graph's
+        intermediate tensors and the outputs they imply, the answer (JSON text, or the binary
+        outputs' bytes once more) and REQUEST_OVERHEAD; a 413 past GPUX_MAX_REQUEST_BYTES. An
+        array of requests (GPUX's batch form) holds them all."""
+        model, budget = self.model, self.settings.max_request_bytes
+        needed, outputs, answer = REQUEST_OVERHEAD, 0, 0
+        for one in feeds if isinstance(feeds, list) else [feeds]:
+            out, text = output_size(model.inputs, model.outputs, one, request, v2)
+            outputs, answer = outputs + out, answer + text
+            needed += sum(a.nbytes for a in one.values()) + out + text + working(self.working, one)
+        if needed > budget:
+            hint = "ask for binary outputs or send fewer rows" if answer > outputs else "send fewer rows"
+            raise RequestError(f"this request needs about {needed} bytes (its tensors, the model's intermediate "
+                               f"tensors and outputs they imply, and the answer), more than this server's budget of "
+                               f"{budget} bytes per request (GPUX_MAX_REQUEST_BYTES); {hint}", 413)
+        return needed
+
+
+ANSWER_TEXT = 20  # bytes a JSON answer holds per output element while orjson writes it (measured:
+                 # 11 in the final text, 18 at the peak of its buffer's growth, float32 outputs)
+
+
+def output_size(inputs: list[ServedTensor], outputs: list[ServedTensor], feeds: dict[str, np.ndarray],
+                request: V2Request, v2: bool) -> tuple[int, int]:
+    """(bytes, answer bytes) of the outputs the request asks for, from their declared shapes,
+    named dimensions bound by the inputs' (an unknown dimension counts as 1). The answer: a
+    binary output's bytes once more (the body that carries them), a JSON one's text (ANSWER_TEXT
+    bytes an element at its peak)."""
+    dims: dict[str, int] = {}
+    for spec in inputs:
+        arr = feeds.get(spec.name)
+        if arr is not None and spec.shape and len(spec.shape) == arr.ndim:
+            dims.update({d: n for d, n in zip(spec.shape, arr.shape) if isinstance(d, str)})
+    total = answer = 0
+    for spec in outputs:
+        if request.outputs is not None and spec.name not in request.outputs or not spec.shape:
+            continue
+        count = 1
+        for d in spec.shape:
+            count *= d if isinstance(d, int) and d >= 0 else dims.get(d, 1) if isinstance(d, str) else 1
+        total += count * spec.itemsize
+        answer += count * spec.itemsize if v2 and request.wants_binary(spec.name) else count * ANSWER_TEXT
+    return total, answer
+
+
+def working(terms: list[tuple[tuple[tuple[str, int], ...], int]], feeds: dict[str, np.ndarray]) -> int:
+    """The graph's intermediate tensors for these inputs (gpux.json's model.working_memory)."""
+    total = 0
+    for dims, n in terms:
+        for name, axis in dims:
+            arr = feeds.get(name)
+            n *= int(arr.shape[axis]) if arr is not None and axis < arr.ndim else 1
+        total += n
+    return total
+
+
+TRIM_AFTER = 16 << 20  # a request charged this much may leave freed memory in malloc's free lists (the most)
+MMAP_THRESHOLD = 1 << 20  # blocks this large come from mmap and go back to the system when freed
+TRIM_THRESHOLD = 4 << 20  # free memory at the top of a heap past this goes back at once
+
+
+def _libc() -> Any:
+    """glibc, or False (musl has no malloc_trim or mallopt)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim, _LIBC.mallopt  # noqa: B018
+        except (OSError, AttributeError):
+            _LIBC = False
+    return _LIBC
+
+
+def trim() -> None:
+    """Give memory freed by large requests back to the system (glibc keeps it otherwise, and a
+    container's memory would only grow under a burst of large requests)."""
+    if _libc():
+        _LIBC.malloc_trim(0)
+
+
+def tune_malloc() -> None:
+    """Blocks of 1 MiB and more (bodies, arrays, answers) from mmap, unmapped when freed, and
+    at most 4 MiB of free memory kept at a heap's top: glibc otherwise raises both thresholds
+    after the first large free and keeps serving large blocks from the heap, where a burst of
+    large requests fragments it for good. Not lower: every block from mmap, or returned to the
+    system at once, is page-faulted in afresh on its next use (at 128 KiB, a 255 KB JSON body
+    cost 350 page faults to decode and encode, 2x the time without them, on a VM)."""
+    if _libc():
+        _LIBC.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (fixing it also stops the raising)
+        _LIBC.mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
+
+
+_LIBC: Any = None

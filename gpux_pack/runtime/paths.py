@@ -1,0 +1,9 @@
+"""Where things are in an image, spelled once: the packager puts them there, the runtime finds
+them there. Standard library only (the runtime's settings read it before anything heavy)."""
+
+APP_DIR = "/opt/gpux"
+SITE = f"{APP_DIR}/site-packages"  # the locked wheels, installed on the build host
+CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by the image's user, so a volume mounted there is writable
+BAKED_DIR = f"{APP_DIR}/warm"  # caches `gpux-pack warmup` bakes into the image (read in place)
+FALLBACK_CACHE_DIR = "/tmp/gpux-cache"  # when GPUX_CACHE_DIR cannot be written (read-only root, no volume)
+CACHE_PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's cache folder, put in at start
