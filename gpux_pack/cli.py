@@ -456,8 +456,8 @@ def base_build(
     from gpux_pack.commands import base
 
     _options(None, base_image, platform, None)
-    built = base.build(provider, cuda, base_image, platform, nvidia_libs, link_check, Reporter(quiet=quiet), refresh,
-                       no_cache)
+    built = base.build_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
+                                    Reporter(quiet=quiet), refresh, no_cache)
     print(json.dumps(built, indent=2) if json_out else base.line(built))
 
 
@@ -477,8 +477,8 @@ def base_render(
     from gpux_pack.commands import base
 
     _options(None, base_image, platform, None)
-    print(base.render(provider, cuda, base_image, platform, nvidia_libs, link_check, Reporter(quiet=quiet), refresh,
-                      output))
+    print(base.render_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
+                                   Reporter(quiet=quiet), refresh, output))
 
 
 @app.command("inspect")

@@ -272,3 +272,25 @@ def assert_history_matches_layers(client, ref: str) -> None:
     lines = [(h["CreatedBy"][-60:], h["Size"]) for h, w in zip(shown, written) if not w.get("empty_layer")]
     assert [size for _, size in lines] == sizes, list(zip(lines, sizes))
     assert all(h["Size"] == 0 for h, w in zip(shown, written) if w.get("empty_layer"))
+
+
+# -- where the suite's time goes -------------------------------------------------------------
+# Each test file's wall time (setup, call and teardown of its tests; a session fixture's image
+# build is charged to the first test that asks for it), printed after the run: what a change to
+# the CI time is measured by.
+
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("-", f"seconds per test file ({total:.0f} s in all), the slowest 15")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")

@@ -27,7 +27,7 @@ def prepare(provider: str, cuda: str, base_image: str | None, platform: str | No
                                 pull=client is not None, refresh=refresh)
 
 
-def build(provider: str, cuda: str, base_image: str | None, platform: str | None, nvidia_libs: str | None,
+def build_runtime_base(provider: str, cuda: str, base_image: str | None, platform: str | None, nvidia_libs: str | None,
           link_check: bool, ui: Reporter, refresh: bool, no_cache: bool) -> dict[str, Any]:
     """The runtime base image built: `base build --json`'s document."""
     client = engine.connect()
@@ -42,7 +42,7 @@ def line(built: dict[str, Any]) -> str:
             f"{built['seconds']:.1f}s")
 
 
-def render(provider: str, cuda: str, base_image: str | None, platform: str | None, nvidia_libs: str | None,
+def render_runtime_base(provider: str, cuda: str, base_image: str | None, platform: str | None, nvidia_libs: str | None,
            link_check: bool, ui: Reporter, refresh: bool, output: Path) -> str:
     """Write the runtime base image's Dockerfile and context into output; the line to print."""
     runtime_base, context = prepare(provider, cuda, base_image, platform, nvidia_libs, link_check,

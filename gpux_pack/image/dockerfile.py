@@ -10,6 +10,8 @@ refuses any rendered value that could end a line, so no value can add an instruc
 
 from __future__ import annotations
 
+import json
+
 import re
 import shlex
 from functools import lru_cache
@@ -105,7 +107,6 @@ def environment() -> jinja2.Environment:
     env.filters["comment"] = _comment
     env.filters["image_ref"] = _image_ref
     env.filters["label_lines"] = _label_lines
-    env.filters["env_lines"] = _env_lines
     return env
 
 
@@ -124,6 +125,23 @@ def link_check_command(provider: Provider) -> str:
     return shlex.join(cmd)
 
 
+def env_instruction(image: ImageConfig) -> str:
+    """The ENV a runtime base image sets, as its Dockerfile and an assembled image's history
+    spell it."""
+    return "ENV " + _env_lines(image.env)
+
+
+def config_instructions(image: ImageConfig) -> list[str]:
+    """The rest of what a runtime base image sets besides its files (USER, WORKDIR, HEALTHCHECK,
+    ENTRYPOINT, CMD), spelled once: the Dockerfile writes these lines, an assembled image's
+    history records them."""
+    out = [f"USER {image.user}"] + ([f"WORKDIR {image.workdir}"] if image.workdir else [])
+    out.append(f"HEALTHCHECK --interval={image.health_interval}s --timeout={image.health_timeout}s "
+               f"--start-period={image.health_start}s --retries={image.health_retries}{_CONTINUATION}"
+               f"  CMD {json.dumps(list(image.healthcheck))}")
+    return out + [f"ENTRYPOINT {json.dumps(list(image.entrypoint))}", f"CMD {json.dumps(list(image.cmd))}"]
+
+
 def _render(provider: Provider, image: ImageConfig, **values: Any) -> str:
     template = environment().get_template("base.Dockerfile.j2")
     text = template.render(
@@ -132,7 +150,8 @@ def _render(provider: Provider, image: ImageConfig, **values: Any) -> str:
         site=SITE,
         python=PYTHON,
         app=APP_DIR,
-        image=image,
+        env_instruction=env_instruction(image),
+        config_instructions=config_instructions(image),
         layers=LAYERS,
         **values,
     )

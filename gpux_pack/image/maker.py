@@ -8,7 +8,6 @@ once when builds run side by side, are wrappers around the same two methods.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -19,7 +18,7 @@ from gpux_pack.image import assembler, builder, layer_tar
 from gpux_pack.image.archive import Loadable
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.image.context import Context, Entry
-from gpux_pack.image.dockerfile import warm_dockerfile
+from gpux_pack.image.dockerfile import config_instructions, env_instruction, warm_dockerfile
 from gpux_pack.image.layout import LAYERS, MODEL, RUNTIME_BASE
 from gpux_pack.plan import ImageConfig, Plan, RuntimeBase
 from gpux_pack.timestamps import created_now
@@ -52,11 +51,9 @@ def runtime_base_recipe(runtime_base: RuntimeBase, context: Context) -> Recipe:
     config = runtime_base.config
     tag = runtime_base.tag
     history = (
-        ("ENV " + " ".join(f"{k}={v}" for k, v in config.env), True),
+        (env_instruction(config), True),
         *((LAYERS[name].instruction, False) for name in RUNTIME_BASE),
-        (f"USER {config.user}", True), *(((f"WORKDIR {config.workdir}", True),) if config.workdir else ()),
-        (f"HEALTHCHECK CMD {json.dumps(list(config.healthcheck))}", True),
-        (f"ENTRYPOINT {json.dumps(list(config.entrypoint))}", True), (f"CMD {json.dumps(list(config.cmd))}", True),
+        *((line, True) for line in config_instructions(config)),
         ("LABEL (the runtime base image's labels)", True),
     )
     return Recipe(tag=tag, shown=tag, parent=runtime_base.base.image, context=context, layers=RUNTIME_BASE,

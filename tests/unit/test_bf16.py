@@ -21,7 +21,7 @@ from gpux_pack.runtime import warmup
 from gpux_pack.runtime.session import Model
 from gpux_pack.runtime.tensors import RequestError, bf16_to_float32, float32_to_bf16
 from gpux_pack.ui import Reporter
-from tests.unit.test_runtime import Client, _grpc_calls, settings
+from tests.in_process import Client, grpc_calls, settings
 
 BF16 = ml_dtypes.bfloat16
 
@@ -91,7 +91,7 @@ def test_build_accepts_bf16_and_metadata_says_bf16(bf16):
     assert status == 200
     assert [(t["name"], t["datatype"]) for t in meta["inputs"] + meta["outputs"]] == [
         ("x", "BF16"), ("y", "BF16"), ("z", "FP32")]
-    [(code, raw)] = _grpc_calls(bf16.app, [("ModelMetadata", grpc_v2.message_classes()["ModelMetadataRequest"](
+    [(code, raw)] = grpc_calls(bf16.app, [("ModelMetadata", grpc_v2.message_classes()["ModelMetadataRequest"](
         name="bf16").SerializeToString())])
     answer = grpc_v2.message_classes()["ModelMetadataResponse"].FromString(raw)
     assert code == "OK" and [t.datatype for t in (*answer.inputs, *answer.outputs)] == ["BF16", "BF16", "FP32"]
@@ -185,7 +185,7 @@ def test_grpc_raw_contents_carry_bf16_and_typed_contents_are_invalid_argument(bf
     typed.inputs.add(name="x", datatype="BF16", shape=[1, 4]).contents.uint_contents.extend([16256] * 4)
     typed_fp32 = classes["ModelInferRequest"](model_name="bf16")
     typed_fp32.inputs.add(name="x", datatype="BF16", shape=[1, 4]).contents.fp32_contents.extend([1.0] * 4)
-    answers = _grpc_calls(bf16.app, [("ModelInfer", request.SerializeToString()),
+    answers = grpc_calls(bf16.app, [("ModelInfer", request.SerializeToString()),
                                      ("ModelInfer", typed.SerializeToString()),
                                      ("ModelInfer", typed_fp32.SerializeToString())])
     (code, raw), *refused = answers

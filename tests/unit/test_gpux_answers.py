@@ -25,7 +25,7 @@ from gpux_pack.plan import Options
 from gpux_pack.runtime.server import App
 from gpux_pack.runtime.session import Model
 from gpux_pack.ui import Reporter
-from tests.unit.test_runtime import Client, settings
+from tests.in_process import Client, settings
 
 GPUX_YML = """name: tiny-relu
 version: 2.0.0
@@ -202,7 +202,7 @@ def test_openapi_is_valid_and_the_servers_answers_match_it(example, tmp_path):
     v2 infer validate against the schemas it gives, and a request made from the schema is served."""
     from openapi_spec_validator import validate
 
-    from tests.unit.test_runtime import spec_dir
+    from tests.in_process import spec_dir
 
     app = App(Model.load(settings(spec_dir(tmp_path, example))), "test")
     app.start_warmup()

@@ -19,7 +19,7 @@ from gpux_pack.runtime.resources import REQUEST_OVERHEAD
 from gpux_pack.runtime.server import SEND_PIECE, App
 from gpux_pack.runtime.session import Model
 from gpux_pack.runtime.settings import Settings
-from tests.unit.test_runtime import Client, reference, spec_dir
+from tests.in_process import Client, reference, spec_dir
 
 MiB = 1024 * 1024
 

@@ -17,14 +17,14 @@ from gpux_pack import providers
 from gpux_pack.runtime import caches, devices
 from gpux_pack.runtime.session import Model, StartupError
 from tests.conftest import INTEL_CPU_MODEL, QEMU, ROOT, intel_cpu
-from tests.unit.test_runtime import settings, spec_dir
+from tests.in_process import settings, spec_dir
 
 SCRIPT = """
 import json, logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 from gpux_pack.runtime import warmup
 from gpux_pack.runtime.session import Model
-from tests.unit.test_runtime import settings
+from tests.in_process import settings
 from pathlib import Path
 out = []
 for _ in range(int(sys.argv[2])):

@@ -12,7 +12,7 @@ import requests
 
 from gpux_pack.runtime import server as runtime_server
 from gpux_pack.runtime.session import Model
-from tests.unit.test_runtime import settings, spec_dir
+from tests.in_process import settings, spec_dir
 
 
 def _free_port() -> int:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from gpux_pack.runtime import metrics
 from gpux_pack.runtime.warmup import _sample, _Spread
 from tests.conftest import ROOT, copy_example
-from tests.unit.test_runtime import tiny_dir
+from tests.in_process import tiny_dir
 
 RUNTIME = Path(__file__).resolve().parents[2] / "gpux_pack" / "runtime"
 

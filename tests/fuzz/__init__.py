@@ -1,0 +1,1 @@
+"""The fuzz harness (harness.py) the fuzz tests use."""
