@@ -143,123 +143,116 @@ def message_classes() -> dict[str, Any]:
 # the server
 
 
+class Servicer:
+    """GRPCInferenceService, one method per RPC, answering from `app` (server.App): each takes the
+    parsed request (ModelInfer: the raw bytes, parsed once they are charged) and the context."""
+
+    def __init__(self, app: Any):
+        self.app, self.m = app, message_classes()
+        self.name, self.version = app.model.spec["name"], app.model.spec["version"]
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return self.m["ServerLiveResponse"](live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return self.m["ServerReadyResponse"](ready=self.app.is_ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        self.check_model(request)
+        return self.m["ModelReadyResponse"](ready=self.app.is_ready())
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return self.m["ServerMetadataResponse"](name="gpux", version=self.app.pack_version, extensions=[])
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        self.check_model(request)
+        meta = self.app.metadata()
+        out = self.m["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"], platform=meta["platform"])
+        for key in ("inputs", "outputs"):
+            for t in meta[key]:
+                getattr(out, key).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        return out
+
+    async def ModelInfer(self, raw: bytes, context: Any) -> bytes:
+        """Charged from the message's size before it is parsed (the parse holds it twice, the
+        tensors once more), parsed and decoded off the event loop (a 16 MiB typed call held the
+        loop, and readiness, for 0.8 s), answered off it when large: the response's bytes."""
+        app = self.app
+        if not app.is_ready():
+            raise RequestError(f"the model is {app.state()}; retry when ServerReady is true", 503, refused="not_ready")
+        held = app.budget.hold(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD)
+        try:
+            loop = asyncio.get_running_loop()
+            if len(raw) > INLINE_BYTES:
+                request, feeds, names, needed = await loop.run_in_executor(app.codec, self.infer_request, raw)
+            else:
+                request, feeds, names, needed = self.infer_request(raw)
+            needed = app.budget.hold(needed + len(raw))  # the message's bytes stay with grpc until we answer
+            app.budget.release(held)
+            held = needed
+            outputs = await app.run(feeds, names)
+            del feeds
+
+            def answer_bytes() -> bytes:  # serialized here, not by grpc on the event loop
+                return encode(self.m["ModelInferResponse"], outputs, app.outputs, self.name, self.version,
+                              request.id).SerializeToString()
+
+            if sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES:
+                return await loop.run_in_executor(app.codec, answer_bytes)
+            return answer_bytes()
+        finally:
+            app.budget.release(held)
+
+    def infer_request(self, raw: bytes) -> tuple[Any, dict[str, np.ndarray], list[str] | None, int]:
+        """In a codec thread: the message parsed and checked, its feeds, and what the rest of the
+        call holds (as HTTP counts it, answered in raw bytes, plus the message itself)."""
+        request = parse(self.m["ModelInferRequest"], "ModelInfer", raw)
+        self.check_model(request)
+        feeds, names = decode(request, self.app.model, self.app.model.settings.max_request_bytes)
+        request_bytes = self.app.budget.request_bytes(feeds, V2Request(outputs=names, binary_default=True), True)
+        return request, feeds, names, request_bytes
+
+    def check_model(self, request: Any) -> None:
+        infer = request.DESCRIPTOR.name == "ModelInferRequest"
+        asked = request.model_name if infer else request.name
+        if asked != self.name:
+            raise RequestError(f"unknown model '{asked}'; this server serves '{self.name}'", 404)
+        asked_version = request.model_version if infer else request.version
+        if asked_version and asked_version != self.version:
+            raise RequestError(f"unknown version '{asked_version}' of '{self.name}'; it has '{self.version}'", 404)
+
+
 async def start(app: Any, port: int, host: str) -> Any:
-    """A grpc.aio server on the running loop, answering from `app` (server.App)."""
+    """A grpc.aio server on the running loop, answering from `app` (server.App) through a Servicer.
+    Every method takes its request as bytes and parses it itself: grpc would parse before the
+    handler and answer bytes that are no protobuf message with UNKNOWN and a logged traceback.
+    A client's mistake is its status code and one line; anything else INTERNAL, logged."""
     import grpc
 
-    m = message_classes()
-    model = app.model
-    name, version = model.spec["name"], model.spec["version"]
+    servicer = Servicer(app)
     status = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED,
               413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE,
               504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
-    def check_model(request: Any) -> None:
-        infer = request.DESCRIPTOR.name == "ModelInferRequest"
-        asked = request.model_name if infer else request.name
-        if asked != name:
-            raise RequestError(f"unknown model '{asked}'; this server serves '{name}'", 404)
-        asked_version = request.model_version if infer else request.version
-        if asked_version and asked_version != version:
-            raise RequestError(f"unknown version '{asked_version}' of '{name}'; it has '{version}'", 404)
+    def handler(method: str, message: Any) -> Any:
+        rpc = getattr(servicer, method)
 
-    async def live(request: Any, context: Any) -> Any:
-        return m["ServerLiveResponse"](live=True)
-
-    async def ready(request: Any, context: Any) -> Any:
-        return m["ServerReadyResponse"](ready=app.is_ready())
-
-    async def model_ready(request: Any, context: Any) -> Any:
-        return await guarded(context, lambda: (check_model(request), m["ModelReadyResponse"](ready=app.is_ready()))[1])
-
-    async def server_metadata(request: Any, context: Any) -> Any:
-        return m["ServerMetadataResponse"](name="gpux", version=app.pack_version, extensions=[])
-
-    async def model_metadata(request: Any, context: Any) -> Any:
-        def answer() -> Any:
-            check_model(request)
-            meta = app.metadata()
-            out = m["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"], platform=meta["platform"])
-            for key in ("inputs", "outputs"):
-                for t in meta[key]:
-                    getattr(out, key).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
-            return out
-
-        return await guarded(context, answer)
-
-    def infer_request(raw: bytes) -> tuple[Any, dict[str, np.ndarray], list[str] | None, int]:
-        """In a codec thread: the message parsed and checked, its feeds, and what the rest of the
-        call holds (as HTTP counts it, answered in raw bytes, plus the message itself)."""
-        request = parse(m["ModelInferRequest"], "ModelInfer", raw)
-        check_model(request)
-        feeds, names = decode(request, model, app.model.settings.max_request_bytes)
-        return request, feeds, names, app.budget.request_bytes(feeds, V2Request(outputs=names, binary_default=True), True)
-
-    async def infer(raw: bytes, context: Any) -> Any:
-        """ModelInfer: charged from the message's size before it is parsed (the parse holds it
-        twice, the tensors once more), parsed and decoded off the event loop (a 16 MiB typed
-        call held the loop, and readiness, for 0.8 s), answered off it when large."""
-        async def answer() -> Any:
-            if not app.is_ready():
-                raise RequestError(f"the model is {app.state()}; retry when ServerReady is true", 503,
-                                   refused="not_ready")
-            held = app.budget.hold(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD)
-            try:
-                loop = asyncio.get_running_loop()
-                if len(raw) > INLINE_BYTES:
-                    request, feeds, names, needed = await loop.run_in_executor(app.codec, infer_request, raw)
-                else:
-                    request, feeds, names, needed = infer_request(raw)
-                needed = app.budget.hold(needed + len(raw))  # the message's bytes stay with grpc until we answer
-                app.budget.release(held)
-                held = needed
-                outputs = await app.run(feeds, names)
-                del feeds
-                def answer_bytes() -> bytes:  # serialized here, not by grpc on the event loop
-                    return encode(m["ModelInferResponse"], outputs, app.outputs, name, version, request.id
-                                  ).SerializeToString()
-
-                if sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES:
-                    return await loop.run_in_executor(app.codec, answer_bytes)
-                return answer_bytes()
-            finally:
-                app.budget.release(held)
-
-        return await guarded(context, answer)
-
-    async def guarded(context: Any, fn: Any) -> Any:
-        try:
-            result = fn()
-            return await result if asyncio.iscoroutine(result) else result
-        except RequestError as e:
-            app.count_refusal(e)
-            await context.abort(status.get(e.status, grpc.StatusCode.INVALID_ARGUMENT), str(e))
-        except Exception as e:  # a bug, not the client's: logged with its traceback, as HTTP's 500
-            log.exception("unexpected error")
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
-
-    def parsed(method: str, message: Any, handler: Any) -> Any:
-        """The handler behind its own parsing: grpc would parse before the handler and answer
-        bytes that are no protobuf message with UNKNOWN and a logged traceback."""
         async def call(raw: bytes, context: Any) -> Any:
-            if handler is infer:  # parses the message itself, once it is charged
-                return await infer(raw, context)
             try:
-                request = parse(message, method, raw)
+                return await rpc(raw if method == "ModelInfer" else parse(message, method, raw), context)
             except RequestError as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            return await handler(request, context)
+                app.count_refusal(e)
+                await context.abort(status.get(e.status, grpc.StatusCode.INVALID_ARGUMENT), str(e))
+            except Exception as e:  # a bug, not the client's: logged with its traceback, as HTTP's 500
+                log.exception("unexpected error")
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
 
         return call
 
-    handlers = {
-        "ServerLive": live, "ServerReady": ready, "ModelReady": model_ready, "ServerMetadata": server_metadata,
-        "ModelMetadata": model_metadata, "ModelInfer": infer,
-    }
     rpcs = {
         method: grpc.unary_unary_rpc_method_handler(
-            parsed(method, m[request], handlers[method]), request_deserializer=None,
-            response_serializer=None if method == "ModelInfer" else m[response].SerializeToString)  # infer: bytes
+            handler(method, servicer.m[request]), request_deserializer=None,
+            response_serializer=None if method == "ModelInfer" else servicer.m[response].SerializeToString)
         for method, (request, response) in METHODS.items()
     }
     calls, limit = call_limits(app.model.settings)
