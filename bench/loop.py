@@ -490,7 +490,7 @@ def thread_rows(client, args, work: Path, made: set[str], mlp_tag: str | None) -
 def cleanup(client, made: set[str]) -> None:
     """Untag our tags, then remove the images we made that no tag names any more (an assembled
     image can be byte-identical to one somebody else tagged: never force-remove by id)."""
-    for name in ("rebuild", "handwritten", "mlp", "minimal", "heavy"):
+    for name in ("rebuild", "handwritten", "gpux-style", "mlp", "minimal", "heavy"):
         try:
             client.images.remove(f"{PREFIX}:{name}")
         except docker.errors.APIError:
