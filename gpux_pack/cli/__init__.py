@@ -20,8 +20,12 @@ try:  # typer >= 0.29 vendors click
 except ImportError:  # pragma: no cover - older typer on real click
     from click import exceptions as click_errors
 
-from gpux_pack import __version__, engine, providers
-from gpux_pack.errors import BuildError, PackError, UsageError
+from gpux_pack import __version__, engine
+from gpux_pack.cli import flags, printing
+from gpux_pack.cli.flags import (BaseOpt, ContainedOpt, JsonOpt, PathArg, PlatformOpt, ProviderOpt, PullOpt, QuietOpt,
+                                 RefreshOpt, StrictOpt, WarmupOpt)
+from gpux_pack.cli.maintenance import base_app, cache_app
+from gpux_pack.errors import PackError, UsageError
 from gpux_pack.ui import Reporter, printable
 
 app = typer.Typer(
@@ -32,29 +36,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+app.add_typer(cache_app, name="cache")
+app.add_typer(base_app, name="base")
 
-PathArg = typer.Argument(Path("."), help="Folder holding gpux.yml, or the gpux.yml itself.")
-ProviderOpt = typer.Option(None, "--provider", "-p", help=providers.names_help())
-BaseOpt = typer.Option(None, "--base-image", help="Replace the provider's default base image.")
-PlatformOpt = typer.Option(None, "--platform", help="The image's platform, e.g. linux/amd64.")
-WarmupOpt = typer.Option(None, "--warmup", help="auto | always | never.")
-RefreshOpt = typer.Option(False, "--refresh", help="Re-resolve the image's wheels instead of reusing the cached lock.")
-ContainedOpt = typer.Option(False, "--contained", help="Read nothing outside the project folder (for projects "
-                            "you do not trust): gpux.yml and the model must resolve inside it.")
-PullOpt = typer.Option("missing", "--pull", help="Pull the image first: missing (when this engine lacks it), "
-                       "always, or never, as docker run --pull.")
-
-
-def _pull(policy: str) -> str:
-    if policy not in engine.PULL_POLICIES:
-        raise typer.BadParameter(f"{policy!r}: expected missing, always or never", param_hint="--pull")
-    return policy
-
-
-JsonOpt = typer.Option(False, "--json", help="One JSON document on stdout; logs on stderr.")
-QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only the result and errors.")
-StrictOpt = typer.Option(False, "--strict", help="Refuse gpux.yml keys and values gpux-pack cannot act on "
-                         "(otherwise a warning each).")
 
 
 def _version(value: bool) -> None:
@@ -68,12 +52,6 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     pass
-
-
-def _options(tag, base_image, platform, warmup):
-    from gpux_pack.plan import options  # the commands that plan pay for pydantic, not --help or run
-
-    return options(tag, base_image, platform, warmup)
 
 
 @app.command("build")
@@ -101,34 +79,21 @@ def build_cmd(
 
     ui = Reporter(quiet=quiet)  # logs go to stderr in every mode; --json owns stdout
     platforms, bases = build.platforms(platform, base_image, push_)
-    options = _options(tag, bases.get(None), platforms[0], warmup)
+    options = flags.options(tag, bases.get(None), platforms[0], warmup)
     for name in platforms[1:] if platforms[0] else ():
-        _options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
-    outcome = build.build(path, provider, tag, options, platforms, bases, ui, _failed, no_cache=no_cache,
+        flags.options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
+    outcome = build.build(path, provider, tag, options, platforms, bases, ui, printing.failed, no_cache=no_cache,
                           refresh=refresh, push=push_, contained=contained, strict=strict)
     doc = build.summary(outcome)
     if json_out:
         print(json.dumps(doc.model_dump(mode="json"), indent=2))
     else:
         before, table, after = build.summary_report(doc)
-        _print(before, table, after)
+        printing.lines(before, table, after)
     if outcome.failures:
         raise typer.Exit(max(e.exit_code for _, e in outcome.failures))
     if sys.argv[1:2] == ["build"]:  # the command line as typed: the replay's key
         build.record(sys.argv[1:], outcome)
-
-
-def _print(before: list[str], table: Any = None, after: list[str] = ()) -> None:
-    for line in before:
-        print(line)
-    if table is not None:
-        _console().print(table)
-    for line in after:
-        print(line)
-
-
-def _failed(name: str, e: PackError) -> None:
-    _print_error(e, prefix=f"{name}: ")
 
 
 @app.command("plan")
@@ -149,7 +114,7 @@ def plan_cmd(
     building nothing."""
     from gpux_pack.commands import plan
 
-    rows = plan.plans(path, provider, tag, _options(tag, base_image, platform, warmup), offline, contained, strict)
+    rows = plan.plans(path, provider, tag, flags.options(tag, base_image, platform, warmup), offline, contained, strict)
     print(json.dumps({"plans": rows}, indent=2) if json_out else "\n".join(printable(line) for line in plan.lines(rows)))
 
 
@@ -169,16 +134,16 @@ def bench_cmd(
 
     if provider and not Path(target).exists():
         raise typer.BadParameter("--provider picks what to build from a project folder", param_hint="--provider")
-    options = _options(tag, base_image, None, None) if Path(target).exists() else None
+    options = flags.options(tag, base_image, None, None) if Path(target).exists() else None
     ui = Reporter(quiet=json_out)
     results, failures = bench.bench_target(engine.connect(), target, provider, tag, options, runs, concurrency, ui,
-                                           _failed)
+                                           printing.failed)
     if failures:
         raise typer.Exit(max(e.exit_code for _, e in failures))
     if json_out:
         print(json.dumps({"results": results}, indent=2))
     else:
-        _print([], bench.table(results, runs, concurrency))
+        printing.lines([], bench.table(results, runs, concurrency))
 
 
 @app.command("push")
@@ -246,8 +211,8 @@ def run_cmd(
     An image only in its registry is pulled first, as docker run does (--pull)."""
     from gpux_pack.commands import run
 
-    ui = Reporter(quiet=detach)
-    started = run.run(engine.connect(), image, ui, _pull(pull), port, bind, cpu_fallback, timeout)
+    ui, policy = Reporter(quiet=detach), flags.pull(pull)  # a bad flag is refused before Docker is reached
+    started = run.run(engine.connect(), image, ui, policy, port, bind, cpu_fallback, timeout)
     print(run.started_line(started), flush=True)
     if detach:
         print(started.container.id)
@@ -275,7 +240,8 @@ def warmup_cmd(
     a derived image (+1 layer, same config, io.gpux.warmup=baked) or export them for a volume."""
     from gpux_pack.commands import warmup
 
-    summary = warmup.warmup(engine.connect(), image, _pull(pull), tag, gpus, tuple(device), export, timeout,
+    policy = flags.pull(pull)
+    summary = warmup.warmup(engine.connect(), image, policy, tag, gpus, tuple(device), export, timeout,
                             Reporter(quiet=quiet or json_out))
     print(json.dumps(summary, indent=2) if json_out else warmup.line(summary))
 
@@ -333,7 +299,7 @@ def predict_cmd(
         result = predict.benchmark(target, provider, given, runs, warmup, Reporter())
         print(json.dumps(result, indent=2) if json_out else "\n".join(map(printable, predict.benchmark_lines(result))))
         return
-    outputs = predict.predict(target, provider, given, Reporter(), timeout, cpu_fallback, _pull(pull))
+    outputs = predict.predict(target, provider, given, Reporter(), timeout, cpu_fallback, flags.pull(pull))
     written = predict.save(outputs, output)
     print("\n".join(map(str, written)) if written else dumps(to_json(outputs)).decode())
 
@@ -350,41 +316,6 @@ def init_cmd(
 
     written = init(model, output, force)
     print(f"wrote {written}; build it with: gpux-pack build {shlex.quote(str(written.parent))}")
-
-
-cache_app = typer.Typer(help="The wheel, lock, install and base-image caches (~/.cache/gpux-pack).",
-                        no_args_is_help=True)
-app.add_typer(cache_app, name="cache")
-
-
-@cache_app.command("ls")
-def cache_ls(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """What each cache holds: entries, bytes, the oldest and newest use, and what killed builds left."""
-    from gpux_pack.commands import cache
-
-    rows = [e.summary() for e in cache.kinds()]
-    if json_out:
-        print(json.dumps({"root": str(cache.root()), "caches": rows}, indent=2))
-    else:
-        print("\n".join(cache.lines(rows)))
-
-
-@cache_app.command("prune")
-def cache_prune(
-    older_than: str = typer.Option("30d", "--older-than", help="Remove entries unused for this long: 30d, 12h, 0s (all)."),
-    json_out: bool = JsonOpt,
-) -> None:
-    """Remove cache entries not used for --older-than (by their last modification), and whatever
-    killed builds left, at any age."""
-    from gpux_pack.commands import cache
-
-    seconds = cache.parse_age(older_than)
-    removed = cache.prune(seconds)
-    total = sum(b for _, b in removed)
-    if json_out:
-        print(json.dumps({"removed": [{"path": str(p), "bytes": b} for p, b in removed], "bytes": total}, indent=2))
-        return
-    print(f"removed {len(removed)} entries, {total / 1e6:.1f} MB")
 
 
 @app.command("render")
@@ -404,7 +335,7 @@ def render_cmd(
     """Write the Dockerfile and the whole build context; `docker build DIR` gives the same image."""
     from gpux_pack.commands import render
 
-    options = _options(tag, base_image, platform, warmup)
+    options = flags.options(tag, base_image, platform, warmup)
     if options.warmup == "always":
         raise typer.BadParameter("a baked warmup needs `gpux-pack build`", param_hint="--warmup")
     print(render.render(path, output, provider, tag, options, Reporter(quiet=quiet), refresh, contained, strict))
@@ -419,66 +350,7 @@ def providers_cmd(json_out: bool = typer.Option(False, "--json", help="Machine-r
     if json_out:
         print(json.dumps({"host": host.details if host else None, "providers": found}, indent=2))
     else:
-        _print([], table(host, found))
-
-
-def _console():
-    """stdout; as wide as the terminal, or 160 columns in logs and pipes."""
-    from rich.console import Console
-
-    console = Console(soft_wrap=True)
-    return console if console.is_terminal else Console(width=160)
-
-
-base_app = typer.Typer(help="Runtime base images: a provider's wheels and runtime, without a model.",
-                       no_args_is_help=True, rich_markup_mode=None)
-app.add_typer(base_app, name="base")
-BaseProviderOpt = typer.Option(..., "--provider", "-p", help=f"{', '.join(providers.PROVIDERS)}.")
-CudaOpt = typer.Option("13", "--cuda", help="CUDA major version for cuda/tensorrt: 13 or 12.")
-NvidiaLibsOpt = typer.Option(None, "--nvidia-libs", help="wheels | base: where CUDA/cuDNN come from.")
-LinkCheckOpt = typer.Option(True, "--link-check/--no-link-check", help="Check the provider's libraries at build time.")
-
-
-@base_app.command("build")
-def base_build(
-    provider: str = BaseProviderOpt,
-    base_image: Optional[str] = BaseOpt,
-    platform: Optional[str] = PlatformOpt,
-    cuda: str = CudaOpt,
-    nvidia_libs: Optional[str] = NvidiaLibsOpt,
-    link_check: bool = LinkCheckOpt,
-    no_cache: bool = typer.Option(False, "--no-cache"),
-    quiet: bool = QuietOpt,
-    json_out: bool = JsonOpt,
-    refresh: bool = RefreshOpt,
-) -> None:
-    """Build a provider's runtime base image; `build` then adds only the model on top of it."""
-    from gpux_pack.commands import base
-
-    _options(None, base_image, platform, None)
-    built = base.build_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
-                                    Reporter(quiet=quiet), refresh, no_cache)
-    print(json.dumps(built, indent=2) if json_out else base.line(built))
-
-
-@base_app.command("render")
-def base_render(
-    provider: str = BaseProviderOpt,
-    output: Path = typer.Option(..., "--output", "-o", help="Folder to write the Dockerfile and context to."),
-    base_image: Optional[str] = BaseOpt,
-    platform: Optional[str] = PlatformOpt,
-    cuda: str = CudaOpt,
-    nvidia_libs: Optional[str] = NvidiaLibsOpt,
-    link_check: bool = LinkCheckOpt,
-    quiet: bool = QuietOpt,
-    refresh: bool = RefreshOpt,
-) -> None:
-    """Write a runtime base image's Dockerfile and context."""
-    from gpux_pack.commands import base
-
-    _options(None, base_image, platform, None)
-    print(base.render_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
-                                   Reporter(quiet=quiet), refresh, output))
+        printing.lines([], table(host, found))
 
 
 @app.command("inspect")
@@ -512,17 +384,6 @@ def schema_cmd(
     print(json.dumps(json_schema(), indent=2))
 
 
-def _print_error(e: PackError, prefix: str = "") -> None:
-    """One line; a failed build adds the end of the failing step's output. A user's value with
-    a line break in it never splits the line."""
-    text = str(e) if isinstance(e, BuildError) else " ".join(str(e).splitlines())
-    print("\n".join(printable(line) for line in f"error: {prefix}{text}".split("\n")), file=sys.stderr)
-    if isinstance(e, BuildError) and e.log_tail:
-        print("last lines of its output:", file=sys.stderr)
-        for line in e.log_tail:
-            print(f"  | {printable(line)}", file=sys.stderr)
-
-
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is, so that cleanups (temporary cache entries,
     containers) run as they do for Ctrl-C."""
@@ -549,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
         if _STOPPED and code == 130:  # typer's answer to the interrupt: say which
             raise KeyboardInterrupt
     except PackError as e:
-        _print_error(e)
+        printing.error(e)
         sys.exit(e.exit_code)
     except click_errors.UsageError as e:
         if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:

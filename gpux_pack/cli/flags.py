@@ -1,0 +1,39 @@
+"""The flags several commands share, declared once, and the checks of their values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gpux_pack import engine, providers
+
+PathArg = typer.Argument(Path("."), help="Folder holding gpux.yml, or the gpux.yml itself.")
+ProviderOpt = typer.Option(None, "--provider", "-p", help=providers.names_help())
+BaseOpt = typer.Option(None, "--base-image", help="Replace the provider's default base image.")
+PlatformOpt = typer.Option(None, "--platform", help="The image's platform, e.g. linux/amd64.")
+WarmupOpt = typer.Option(None, "--warmup", help="auto | always | never.")
+RefreshOpt = typer.Option(False, "--refresh", help="Re-resolve the image's wheels instead of reusing the cached lock.")
+ContainedOpt = typer.Option(False, "--contained", help="Read nothing outside the project folder (for projects "
+                            "you do not trust): gpux.yml and the model must resolve inside it.")
+PullOpt = typer.Option("missing", "--pull", help="Pull the image first: missing (when this engine lacks it), "
+                       "always, or never, as docker run --pull.")
+
+
+def pull(policy: str) -> str:
+    if policy not in engine.PULL_POLICIES:
+        raise typer.BadParameter(f"{policy!r}: expected missing, always or never", param_hint="--pull")
+    return policy
+
+
+JsonOpt = typer.Option(False, "--json", help="One JSON document on stdout; logs on stderr.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only the result and errors.")
+StrictOpt = typer.Option(False, "--strict", help="Refuse gpux.yml keys and values gpux-pack cannot act on "
+                         "(otherwise a warning each).")
+
+
+def options(tag, base_image, platform, warmup):
+    """The plan's checked options (a bad flag is a UsageError, exit 2)."""
+    from gpux_pack.plan import options  # the commands that plan pay for pydantic, not --help or run
+
+    return options(tag, base_image, platform, warmup)
