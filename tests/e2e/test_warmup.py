@@ -34,6 +34,17 @@ def ov_never(docker_client, tags, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def exported(ov_never, tmp_path_factory):
+    """One `warmup --export` of ov_never, shared: (its --json summary, the exported key folder).
+    Tests read it; one that alters a cache copies it first."""
+    root = tmp_path_factory.mktemp("exported") / "cache"
+    proc = run_cli("warmup", ov_never["tag"], "--export", str(root), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    return summary, Path(summary["exported"])
+
+
+@pytest.fixture(scope="module")
 def cpu_answers(mlp_image):
     with serve(mlp_image["tag"]) as server:
         return server.post("/predict", json={"features": X}).json()
@@ -89,22 +100,20 @@ def test_warmup_bakes_one_layer_with_the_same_config(ov_never, docker_client, ta
         empty.remove(force=True)
 
 
-def test_the_engines_builder_adds_the_same_layer(ov_never, docker_client, tags, tmp_path, monkeypatch):
+def test_the_engines_builder_adds_the_same_layer(ov_never, exported, docker_client, tags, monkeypatch):
     """One exported cache, made into an image both ways: assembled, and by `docker build`."""
     from gpux_pack.pipeline.bake import warm_labels, warm_members
     from gpux_pack.image.maker import choose
     from gpux_pack.ui import Reporter
 
-    proc = run_cli("warmup", ov_never["tag"], "--export", str(tmp_path), "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    key = json.loads(proc.stdout)["key"]
-    record = caches.read_record(tmp_path / key)
+    key, folder = exported[0]["key"], exported[1]
+    record = caches.read_record(folder)
     image = docker_client.images.get(ov_never["tag"])
     ids = {}
     for assemble, tag in (("1", tags("warm:assembled")), ("0", tags("warm:builder"))):
         monkeypatch.setenv("GPUX_PACK_ASSEMBLE", assemble)
         made = choose(docker_client, Reporter(quiet=True)).derive(
-            image.id, tag, warm_members(tmp_path / key, key), warm_labels(key, record), f"warmup cache {key}")
+            image.id, tag, warm_members(folder, key), warm_labels(key, record), f"warmup cache {key}")
         ids[assemble] = (made.id, made.assembled)
     assert ids["1"][1] is True and ids["0"][1] is False
     a, b = (docker_client.images.get(ids[k][0]) for k in ("1", "0"))
@@ -114,12 +123,9 @@ def test_the_engines_builder_adds_the_same_layer(ov_never, docker_client, tags, 
         assert_history_matches_layers(docker_client, made.id)
 
 
-def test_default_tag_and_export(ov_never, docker_client, tmp_path):
-    proc = run_cli("warmup", ov_never["tag"], "--export", str(tmp_path / "cache"), "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout)
-    folder = Path(summary["exported"])
-    assert folder == tmp_path / "cache" / summary["key"] and summary["tag"] is None
+def test_default_tag_and_export(ov_never, exported, docker_client):
+    summary, folder = exported
+    assert folder.parent.name == "cache" and folder.name == summary["key"] and summary["tag"] is None
     record = caches.read_record(folder)
     assert record["parts"]["provider"] == "OpenVINOExecutionProvider" and record["shapes"] == [{"features": [1, 4]}]
     assert record["files"] and all(caches.sha256(folder / f["path"]) == f["sha256"] for f in record["files"])
@@ -143,11 +149,10 @@ def _shared(path: Path) -> None:
             os.chmod(os.path.join(folder, f), 0o666)
 
 
-def test_a_mismatched_or_corrupt_cache_is_never_loaded(ov_never, tmp_path, cpu_answers):
+def test_a_mismatched_or_corrupt_cache_is_never_loaded(ov_never, exported, tmp_path, cpu_answers):
     cache = tmp_path / "cache"
-    proc = run_cli("warmup", ov_never["tag"], "--export", str(cache), "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    folder = Path(json.loads(proc.stdout)["exported"])
+    folder = cache / exported[1].name
+    shutil.copytree(exported[1], folder)  # this test alters its copy
     pristine = tmp_path / "pristine"
     shutil.copytree(folder, pristine)
     record = json.loads((folder / "warmup.json").read_text())
