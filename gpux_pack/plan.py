@@ -18,6 +18,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from gpux_pack import __version__, sources
@@ -25,12 +26,13 @@ from gpux_pack.errors import ModelError, UsageError
 from gpux_pack.project.config import model_name
 from gpux_pack.project.load import Project
 from gpux_pack.project.model import ModelInfo, Signature
+from gpux_pack.project.preprocess import TOKENIZER_FILE
 from gpux_pack.providers import (CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, Devices, HostInfo, Provider, base_for,
                                  devices_for)
 from gpux_pack.reference import parse_reference
 from gpux_pack.timestamps import created_now
 from gpux_pack.runtime import caches
-from gpux_pack.runtime.paths import APP_DIR, CACHE_DIR, CACHE_PLACEHOLDER, SITE
+from gpux_pack.runtime.paths import APP_DIR, ASSETS, CACHE_DIR, CACHE_PLACEHOLDER, SITE
 from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
 # seconds a container has to load and warm up before failed health checks count (Docker's
@@ -42,6 +44,7 @@ PYTHON = "python3"  # the base image's own interpreter, by name (RUN steps and `
 # (podman, containerd) add no default, so the assembler writes it too.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GRPC_REQUIREMENTS = ("grpcio>=1.60", "protobuf>=4.25")  # with serving.grpc_port (onnxruntime brings protobuf)
+TEXT_REQUIREMENTS = ("tokenizers>=0.15",)  # with a tokenizer: Hugging Face's Rust tokenizers, no transformers or torch
 UID = 10001  # the image's user: numeric, so it works on any base and needs no useradd
 USER = f"{UID}:{UID}"
 DEFAULT_TAG = "{name}:{version}-{provider}"
@@ -242,7 +245,14 @@ class Plan:
     @property
     def requirements(self) -> tuple[str, ...]:
         grpc = GRPC_REQUIREMENTS if self.config.serving.grpc_port else ()
-        return (*self.provider.requirements(self.nvidia_libs), *grpc, *self.config.pack.requirements)
+        text = TEXT_REQUIREMENTS if self.signature.text else ()
+        return (*self.provider.requirements(self.nvidia_libs), *grpc, *text, *self.config.pack.requirements)
+
+    @property
+    def assets(self) -> tuple[tuple[str, Path], ...]:
+        """Files the image's preprocessing reads (its own layer, under assets/): (name, file here)."""
+        text = self.signature.text
+        return ((TOKENIZER_FILE, text.tokenizer.path),) if text and text.tokenizer.path else ()
 
     @property
     def port(self) -> int:
@@ -619,6 +629,9 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
         # accepted on /predict and v2 infer, not listed: initializers the graph lists as inputs
         "overridable_inputs": [t.to_json() for t in plan.signature.overridable],
         "outputs": [t.to_json() for t in plan.signature.outputs],
+        # what the image does to a request before the graph sees it (project/preprocess.py)
+        "preprocessing": {"text": plan.signature.text.to_json(f"{ASSETS}/{TOKENIZER_FILE}")}
+        if plan.signature.text else None,
         "provider": provider.name,
         "execution_providers": plan.session_options,
         # the provider table's names, for GPUX_PROVIDERS, and the EPs that run on the CPU's cores

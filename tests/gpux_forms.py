@@ -54,4 +54,8 @@ def project(entry: dict[str, Any], folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(FORMS / entry["file"], folder / "gpux.yml")
     model_for(entry, folder / entry["model_file"])
+    if "input_ids" in {i["name"] for i in entry["inputs"]} and "tokenizer:" in (folder / "gpux.yml").read_text():
+        from tests.text_project import tokenizer  # the Hub is out of reach: the tokenizer.json beside the model
+
+        tokenizer().save(str((folder / entry["model_file"]).parent / "tokenizer.json"))
     return folder

@@ -35,6 +35,7 @@ def plans(path: Path, provider: str | None, tag: str | None, options: Options, o
                            "arch": plan.base.arch, "glibc": ".".join(map(str, plan.base.glibc)),
                            "inspected": plan.base.probed, "interpreter": plan.runtime_base.config.python},
             "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
+            "preprocessing": _preprocessing(plan),
             "runtime_base": {"tag": plan.runtime_base.tag, "present": plan.runtime_base_present},
             "onnxruntime": lock.version_of(plan.provider.ort),
             "lock": pins,
@@ -56,6 +57,10 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"  tag           {r['tag']}")
         out.append(f"  base image    {base['image']} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
         out.append(f"  warmup        {r['warmup']}   link check: {r['link_check']}")
+        if r["preprocessing"]:
+            t = r["preprocessing"]["text"]
+            out.append(f"  text          '{t['input']}' -> {', '.join(f['name'] for f in t['feeds'])}: tokenizer "
+                       f"{t['tokenizer']}, max_length {t['max_length']}, padding {t['padding']}")
         out += [f"  note          {note}" for note in r["notes"]]
         state = "present: only the model is built" if r["runtime_base"]["present"] else "built on the first build"
         out.append(f"  runtime base  {r['runtime_base']['tag']} ({state})")
@@ -66,3 +71,11 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
             size = "?" if p["size_bytes"] is None else f"{p['size_bytes'] / 1e6:.1f} MB"
             out.append(f"    {p['name'] + '==' + p['version']:<42} {size:>10}  {'cached' if p['cached'] else 'to download'}")
     return out
+
+
+def _preprocessing(plan: Any) -> dict[str, Any] | None:
+    """What the image does to a request first, and where its tokenizer comes from (a download is the build's)."""
+    text = plan.signature.text
+    if text is None:
+        return None
+    return {"text": {**text.to_json("assets/tokenizer.json"), "tokenizer": text.tokenizer.shown()}}

@@ -178,6 +178,10 @@ def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -
     with _loaded(path, flag, ui) as (model, _):
         arrays = feeds(model.inputs, given)
         try:
+            arrays = model.prepare(arrays)  # text tokenized, as the image does
+        except RequestError as e:
+            raise PredictError(str(e)) from None
+        try:
             return readable(model.run(arrays), model.outputs)
         except Exception as e:  # ONNX Runtime's own refusal of the values (an index out of range, ...)
             raise PredictError(f"the model refused the inputs: {' '.join(str(e).split())[:300]}") from None

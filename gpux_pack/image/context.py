@@ -24,6 +24,7 @@ from gpux_pack.errors import PackError, UsageError
 from gpux_pack.image import layer_tar
 from gpux_pack.image.layout import LAYERS, Layer
 from gpux_pack.plan import UID, Plan
+from gpux_pack.project.preprocess import read_tokenizer
 from gpux_pack.project.skeleton import external_form
 from gpux_pack.sources import runtime_files
 from gpux_pack.wheels import Installed, bytecode
@@ -83,6 +84,10 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> C
     ]
     if installed is not None:
         entries += _runtime_base_entries(installed)
+    if plan.assets:  # the tokenizer.json, read (checked) once: the context holds its bytes
+        lands = LAYERS["assets"].lands
+        entries.append(layer(LAYERS["assets"], [_file(f"{lands}/{name}", data=read_tokenizer(plan.signature.text))
+                                                for name, _ in plan.assets]))
     entries.append(layer(LAYERS["model"], model_members(plan)))
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
 

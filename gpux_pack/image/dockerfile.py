@@ -180,6 +180,7 @@ def dockerfile(plan: Plan, part: str = "model") -> str:
         host_check=plan.link_check == "host",
         ports=plan.ports,
         labels=plan.labels,
+        assets=bool(plan.assets),
     )
 
 
@@ -200,6 +201,7 @@ def runtime_base_dockerfile(runtime_base: RuntimeBase, tag: str | None = None) -
         host_check=runtime_base.link_check == "host",
         ports=(),
         labels=runtime_base.labels,
+        assets=False,
     )
 
 

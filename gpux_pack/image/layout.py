@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpux_pack.runtime.paths import APP_DIR, BAKED_DIR, CACHE_DIR, SITE
+from gpux_pack.runtime.paths import APP_DIR, ASSETS, BAKED_DIR, CACHE_DIR, SITE
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ LAYERS: dict[str, Layer] = {
         Layer("packages", SITE),  # the locked wheels, installed on the host
         Layer("runtime", f"{APP_DIR}/runtime/gpux_runtime"),  # the image's runtime (gpux_pack/runtime)
         Layer("cache", CACHE_DIR),  # GPUX_CACHE_DIR, empty, owned by the image's user
+        Layer("assets", f"{APP_DIR}/{ASSETS}"),  # what preprocessing reads (a tokenizer.json), when it is set
         Layer("model", f"{APP_DIR}/model"),  # the model and its external data
         Layer("config", f"{APP_DIR}/gpux.json"),  # gpux.json
         Layer("warm", BAKED_DIR),  # a baked warmup cache (gpux-pack warmup)
@@ -43,3 +44,8 @@ LAYERS: dict[str, Layer] = {
 }
 RUNTIME_BASE = ("packages", "runtime", "cache")  # a runtime base image's layers, in order
 MODEL = ("model", "config")  # what a model image adds on its runtime base image
+
+
+def model_layers(assets: bool) -> tuple[str, ...]:
+    """A model image's layers: with preprocessing's files, their layer first (they change less often)."""
+    return ("assets", *MODEL) if assets else MODEL

@@ -19,7 +19,7 @@ from gpux_pack.image.archive import Loadable
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.image.context import Context, Entry
 from gpux_pack.image.dockerfile import config_instructions, env_instruction, warm_dockerfile
-from gpux_pack.image.layout import LAYERS, MODEL, RUNTIME_BASE
+from gpux_pack.image.layout import LAYERS, RUNTIME_BASE, model_layers
 from gpux_pack.plan import ImageConfig, Plan, RuntimeBase
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import Reporter
@@ -65,10 +65,11 @@ def runtime_base_recipe(runtime_base: RuntimeBase, context: Context) -> Recipe:
 
 def model_recipe(plan: Plan, context: Context, tagged: bool = True) -> Recipe:
     """A model image on its runtime base image; untagged when a baked warmup will tag it."""
+    layers = model_layers(bool(plan.assets))
     history = (("EXPOSE " + " ".join(map(str, plan.ports)), True),
-               *((LAYERS[name].instruction, False) for name in MODEL), ("LABEL (the model image's labels)", True))
+               *((LAYERS[name].instruction, False) for name in layers), ("LABEL (the model image's labels)", True))
     return Recipe(tag=plan.tag if tagged else None, shown=plan.tag, parent=plan.runtime_base.tag, context=context,
-               layers=MODEL, labels=plan.labels, history=history, created=plan.created, ports=plan.ports,
+               layers=layers, labels=plan.labels, history=history, created=plan.created, ports=plan.ports,
                platform=plan.platform,
                assembling=f"assembling {plan.tag} ({plan.provider.name}, {{mb:.1f}} MB of layers; nothing runs)",
                building=f"building {plan.tag} ({plan.provider.name}, {{mb:.0f}} MB context)")

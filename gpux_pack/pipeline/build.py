@@ -9,7 +9,7 @@ everything up to the context; `plan` stops after the lock.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +26,7 @@ from gpux_pack.plan import (Options, Plan, RuntimeBase, assumed_base, check_mode
                             make_plan, notes, plan_runtime_base, weights_note, with_lock)
 from gpux_pack.project.load import Project, load_project
 from gpux_pack.project.model import ModelInfo, Signature, inspect_model, reconcile
+from gpux_pack.project.preprocess import download, locate
 from gpux_pack.providers import BaseImage
 from gpux_pack.registry import index
 from gpux_pack.registry.push import Pushed, push
@@ -76,7 +77,10 @@ def load(path: Path, contained: bool = False, strict: bool = False) -> Loaded:
     if not model_path.is_file():
         raise project.error(("model", "source"), f"is not a regular file (a FIFO or device?): {model_path}")
     model = inspect_model(model_path, _shown(model_path))
-    return Loaded(project, model, reconcile(project, model))
+    signature = reconcile(project, model)
+    if signature.text is not None:  # where its tokenizer.json is: a file, the Hugging Face cache, or a download
+        signature = replace(signature, text=locate(project, signature.text, contained or project.config.pack.contained))
+    return Loaded(project, model, signature)
 
 
 def _contain(path: Path, project: Project, model_path: Path) -> None:
@@ -192,6 +196,10 @@ def prepare(
                   None if self_contained else client)
     if plan.externalize:
         ui.info(weights_note(plan.model.files[0], plan.model.inline_weights))
+    text = plan.signature.text
+    if text is not None and text.tokenizer.path is None:  # neither the project nor the Hugging Face cache has it
+        ui.info(f"downloading tokenizer.json of {text.tokenizer.repo} from the Hugging Face Hub")
+        plan = replace(plan, signature=replace(plan.signature, text=download(text)))
     if self_contained:
         installed = install(plan.runtime_base, ui)
         return Prepared(plan, model_context(plan, installed, dockerfile(plan, part="image")))

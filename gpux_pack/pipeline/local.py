@@ -15,6 +15,7 @@ from gpux_pack.errors import UsageError
 from gpux_pack.pipeline import build
 from gpux_pack.plan import Options, with_lock
 from gpux_pack.ui import Reporter
+from gpux_pack.project.preprocess import download
 from gpux_pack.wheels import Lock, Pin
 
 RUNTIME_MODULES = ("onnxruntime", "uvicorn", "orjson", "prometheus_client")  # what the image's runtime imports
@@ -111,6 +112,10 @@ def stage(path: Path, flag: str | None, folder: Path, ui: Reporter) -> Staged:
     plan = build.plan_for(loaded, row.name, reason, Options(), None, Reporter(quiet=True), pull=False)  # no base: no news
     spec = with_lock(plan, Lock(plan.target, plan.requirements, (Pin(row.ort, version, frozenset()),))).gpux_json
     spec["model"]["path"] = str(loaded.model.path)  # absolute: the runtime joins it to gpux.json's folder
+    text = loaded.signature.text
+    if text is not None:  # the tokenizer.json where it is (downloaded first when nothing here has it)
+        text = text if text.tokenizer.path is not None else download(text)
+        spec["preprocessing"]["text"]["file"] = str(text.tokenizer.path)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "gpux.json").write_text(json.dumps(spec, indent=2, sort_keys=True, allow_nan=False))
     model_dir = loaded.model.path.parent

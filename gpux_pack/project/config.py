@@ -346,11 +346,19 @@ class ServingSection(_Section):
         return v
 
 
-class PreprocessingSection(_Section):
-    """Accepted for GPUX compatibility; the image serves raw tensors and ignores it."""
+TokenRole = Literal["input_ids", "attention_mask", "token_type_ids"]
 
-    tokenizer: str | None = None
-    max_length: int | None = None
+
+class PreprocessingSection(_Section):
+    """What the image does to a request before the graph sees it (project/preprocess.py). Text:
+    a Hugging Face tokenizer feeding the graph's token inputs. Image and audio keys are read
+    and not applied yet (a note each)."""
+
+    tokenizer: Annotated[Text, Field(min_length=1, max_length=512)] | None = None
+    max_length: int | None = Field(None, ge=1, le=1 << 20)
+    padding: bool | Literal["longest", "max_length"] = True  # true: to the longest text of a request
+    truncation: bool = True  # texts longer than max_length are cut (false: refused, 400)
+    token_inputs: dict[TokenRole, Text] | None = None  # the graph's names for the token inputs
     resize: list[int] | None = None
     normalize: str | None = None
     custom: dict[str, Any] | None = None

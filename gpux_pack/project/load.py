@@ -29,8 +29,6 @@ from gpux_pack.runtime.dtypes import DTYPES, canonical
 # Keys of the GPUX format that gpux-pack reads and does not act on: a warning each, never a refusal.
 NOT_ACTED_ON: dict[tuple[str, ...], str] = {
     ("runtime", "timeout"): "not used: serving.timeout bounds each request",
-    ("preprocessing",): "not applied: the image takes the model's own tensors (send them preprocessed)",
-    ("inputs", "*", "max_length"): "not applied: the image takes the model's own tensors",
 }
 _VARIABLE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
 _VARIABLE_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)(.*))?", re.DOTALL)

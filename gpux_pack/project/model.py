@@ -14,6 +14,7 @@ from typing import Any
 
 from gpux_pack.project.config import TensorSpec
 from gpux_pack.project.load import Project
+from gpux_pack.project.preprocess import TextStep, text_step
 from gpux_pack.project.skeleton import Weight, read_skeleton
 from gpux_pack.errors import ModelError
 from gpux_pack.runtime.dtypes import ONNX_TO_NAME
@@ -373,6 +374,7 @@ class Signature:
     # inputs whose gpux.yml shape fixes a size the graph leaves dynamic: that shape (warmup runs it)
     declared: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
     notes: tuple[str, ...] = ()  # what the build should tell: the graph decided, a flag was not honoured
+    text: TextStep | None = None  # requests may send text, tokenized into the graph's token inputs
 
 
 def reconcile(project: Project, model: ModelInfo) -> Signature:
@@ -383,13 +385,61 @@ def reconcile(project: Project, model: ModelInfo) -> Signature:
     cfg = project.config
     notes: list[str] = []
     declared: list[tuple[str, tuple[int | str, ...]]] = []
-    inputs = _merge(project, "inputs", cfg.inputs, model.inputs, True, notes, declared)
+    text, served = text_step(project, model.inputs, notes)
+    _not_applied(project, text, notes)
+    fed = {name for _, name, _ in text.feeds} if text else set()
+    inputs = _merge(project, "inputs", cfg.inputs, model.inputs, True, notes, declared,
+                    skip=text.input if text else None, fed=fed)
     if cfg.inputs is None:
         inputs = tuple(t for t in inputs if t.required)
+    if cfg.inputs is not None and fed:  # the tokenizer feeds them: listed whether gpux.yml lists them or not
+        inputs = (*inputs, *(t for t in model.inputs if t.name in fed and t.name not in {i.name for i in inputs}))
+    if served is not None:
+        inputs = (served, *inputs)
     listed = {t.name for t in inputs}
     overridable = tuple(t for t in model.inputs if not t.required and t.name not in listed)
     outputs = _merge(project, "outputs", cfg.outputs, model.outputs, False, notes, [])
-    return Signature(inputs, outputs, overridable, tuple(declared), tuple(notes))
+    outputs = tuple(_check_labels(project, index, t, notes) for index, t in enumerate(outputs))
+    return Signature(inputs, outputs, overridable, tuple(declared), tuple(notes), text)
+
+
+IMAGE_KEYS = ("resize", "normalize", "custom")
+
+
+def _not_applied(project: Project, text: TextStep | None, notes: list[str]) -> None:
+    """Notes for what gpux.yml declares and this version does not do."""
+    cfg = project.config
+    for index, t in enumerate(cfg.inputs or ()):
+        if t.max_length is not None and (text is None or t.name != text.input):
+            notes.append(project.note((*_where(project, "inputs", index, t.name), "max_length"),
+                                      "not applied: it bounds the text a tokenizer reads, and this input is the "
+                                      "model's own"))
+    pre = cfg.preprocessing
+    for key in IMAGE_KEYS if pre is not None else ():
+        if getattr(pre, key) is not None:
+            notes.append(project.note(("preprocessing", key), "not applied: image preprocessing is not in this "
+                                                              "version; send the model's own tensors"))
+
+
+def _check_labels(project: Project, index: int, output: TensorSpec, notes: list[str]) -> TensorSpec:
+    """An output's labels name the entries of its last dimension: as many as it has. GPUX's docs
+    abbreviate a long list with a last `...`: a note, and no labels in the answers."""
+    if not output.labels:
+        return output
+    where = (*_where(project, "outputs", index, output.name), "labels")
+    if output.labels[-1] in ("...", "\u2026"):
+        notes.append(project.note(where, "ends with '...', an abbreviated list: answers carry no labels (list "
+                                         "every label to have them)"))
+        return output.model_copy(update={"labels": None})
+    last = output.shape[-1] if output.shape else None
+    if isinstance(last, int) and last >= 0:
+        if last != len(output.labels):
+            raise project.error(where, f"{len(output.labels)} labels, but the model's '{output.name}' has {last} "
+                                       f"entries in its last dimension (shape {list(output.shape)})")
+    else:
+        notes.append(project.note(where, f"the model's '{output.name}' does not fix its last dimension: answers "
+                                         f"whose last dimension is not {len(output.labels)} carry no labels"))
+    return output
 
 
 def _merge(
@@ -400,13 +450,18 @@ def _merge(
     all_required: bool,
     notes: list[str],
     declared_shapes: list[tuple[str, tuple[int | str, ...]]],
+    skip: str | None = None,
+    fed: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[TensorSpec, ...]:
+    """skip: the declared text input, which the graph lacks; fed: inputs the tokenizer feeds."""
     if declared is None:
         return actual
     by_name = {t.name: t for t in actual}
     names = ", ".join(by_name) if len(by_name) <= 20 else ", ".join(list(by_name)[:20]) + ", ..."
     out: list[TensorSpec] = []
     for index, spec in enumerate(declared):
+        if spec.name == skip:
+            continue
         where = _where(project, section, index, spec.name)
         model_t = by_name.get(spec.name)
         if model_t is None:
@@ -432,7 +487,7 @@ def _merge(
                                            "required": model_t.required}))
     if all_required:
         listed = {t.name for t in out}
-        missing = [t.name for t in actual if t.required and t.name not in listed]
+        missing = [t.name for t in actual if t.required and t.name not in listed and t.name not in fed]
         if missing:
             raise project.error(
                 (section,), f"the model's input '{missing[0]}' is not listed (list every input, or none)"

@@ -183,7 +183,7 @@ class Servicer:
         held = app.budget.hold(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD)
         try:
             loop = asyncio.get_running_loop()
-            if len(raw) > INLINE_BYTES:
+            if len(raw) > INLINE_BYTES or app.model.text:  # tokenizing: off the event loop
                 request, feeds, names, needed = await loop.run_in_executor(app.codec, self.infer_request, raw)
             else:
                 request, feeds, names, needed = self.infer_request(raw)
@@ -209,6 +209,7 @@ class Servicer:
         request = parse(self.m["ModelInferRequest"], "ModelInfer", raw)
         self.check_model(request)
         feeds, names = decode(request, self.app.model, self.app.model.settings.max_request_bytes)
+        feeds = self.app.model.prepare(feeds)
         request_bytes = self.app.budget.request_bytes(feeds, V2Request(outputs=names, binary_default=True), True)
         return request, feeds, names, request_bytes
 

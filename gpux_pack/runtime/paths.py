@@ -7,3 +7,4 @@ CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by the image's user, so 
 BAKED_DIR = f"{APP_DIR}/warm"  # caches `gpux-pack warmup` bakes into the image (read in place)
 FALLBACK_CACHE_DIR = "/tmp/gpux-cache"  # when GPUX_CACHE_DIR cannot be written (read-only root, no volume)
 CACHE_PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's cache folder, put in at start
+ASSETS = "assets"  # files preprocessing reads (a tokenizer.json), in APP_DIR: gpux.json names them from there

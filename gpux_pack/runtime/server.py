@@ -27,6 +27,7 @@ from .budget import Budget, tune_malloc
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from . import warmup
+from .preprocess import labelled
 from .session import Model
 from .warmup import AccuracyError
 from .tensors import (JSON_FACTOR, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
@@ -289,7 +290,8 @@ class App:
             loop = asyncio.get_running_loop()
             self.scheduler.arrive(1)
             try:  # JSON tensors cost time in proportion: off the loop; a small or binary body: here
-                cheap = len(body) <= INLINE_BYTES or (BINARY_HEADER in headers and not self.string_inputs)
+                cheap = not self.model.text and (len(body) <= INLINE_BYTES or
+                                                 (BINARY_HEADER in headers and not self.string_inputs))
                 if not cheap:
                     feeds, request, needed = await loop.run_in_executor(self.codec, self._decode, body, headers, v2)
                 else:
@@ -309,6 +311,7 @@ class App:
             del feeds
             large = sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES // 4
             if not v2:
+                outputs = labelled(outputs, self.model.labels) if self.model.labels else outputs
                 if large:
                     payload = await loop.run_in_executor(self.codec, encode_predict, outputs)
                 else:
@@ -344,6 +347,8 @@ class App:
                 raise RequestError(f"request [{i}]: {answer}", answer.status, refused=answer.refused) from None
             if isinstance(answer, BaseException):
                 raise answer
+        if self.model.labels:
+            answers = [labelled(a, self.model.labels) for a in answers]
         parts = await asyncio.get_running_loop().run_in_executor(self.codec, _encode_each, answers)
         return Response(200, parts, held=held)
 
@@ -439,6 +444,7 @@ class App:
                 else:
                     feeds = decode_predict(parsed, model.inputs, model.overridable, fast, model.outputs)
                 request = V2Request()
+            feeds = model.prepare(feeds)  # text tokenized: the graph's inputs, which the budget charges
         finally:
             self.budget.release(held)
         return feeds, request, self.budget.request_bytes(feeds, request, v2)

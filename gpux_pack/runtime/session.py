@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import caches
+from . import caches, preprocess
 from .devices import cpu_vendor, no_device
 from .dtypes import BINARY_ONLY
 from .settings import Settings, StartupError
@@ -68,6 +68,8 @@ class Model:
     profile: ProfileFolder | None = None  # warmup's profile is on (ended by warmup)
     threads: dict[str, Any] = field(default_factory=dict)  # /info's threads: the count and why
     path: Path | None = None  # the model file the session loaded
+    text: preprocess.Text | None = None  # requests may send text: tokenized into the graph's token inputs
+    labels: dict[str, list[str]] = field(default_factory=dict)  # output -> its labels (/predict answers them)
     _bf16: frozenset[str] | None = None  # names of its BF16 tensors (inputs, initializers, outputs)
 
     @property
@@ -145,7 +147,13 @@ class Model:
             log.warning("FALLBACK: %s. Inference runs on CPU.", message)
             log.warning("Set GPUX_REQUIRE_PROVIDER=1 to refuse to start instead.")
             log.warning("!" * 72)
-        inputs = [ServedTensor.from_json(t) for t in spec["inputs"]]
+        try:
+            text = preprocess.load(spec, settings.root)
+        except Exception as e:  # a missing or damaged tokenizer.json: the image cannot serve what it says
+            raise StartupError(f"cannot load the tokenizer: {last_line(e)}") from None
+        fed = {name for _, name, _ in text.feeds} if text else set()
+        # what the tokenizer feeds a request may send instead of the text: optional, checked by text.apply
+        inputs = [ServedTensor.from_json({**t, "required": False} if t["name"] in fed else t) for t in spec["inputs"]]
         outputs = [ServedTensor.from_json(t) for t in spec["outputs"]]
         # ONNX Runtime folds an IR-3 graph's initializer inputs into constants: accept only those
         # it lets a request override, so the others get "unknown input", not an ORT error.
@@ -160,7 +168,15 @@ class Model:
         model.path = path
         model.cache = cache
         model.profile = profile
+        model.text = text
+        model.labels = {t["name"]: list(t["labels"]) for t in spec["outputs"] if t.get("labels")}
         return model
+
+    def prepare(self, feeds: Any) -> Any:
+        """A decoded request (or GPUX's array of them) as the graph takes it: text tokenized."""
+        if self.text is None:
+            return feeds
+        return [self.text.apply(one) for one in feeds] if isinstance(feeds, list) else self.text.apply(feeds)
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None,
             options: Any = None) -> dict[str, Any]:

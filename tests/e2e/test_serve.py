@@ -203,4 +203,4 @@ def test_deep_json_is_400_and_serving_goes_on(mlp_image):
         text = "the JSON body is nested deeper than 1024 levels"
         assert r.status_code == 400 and r.json() == {"error": text, "detail": text}
         r = server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]})
-        assert r.status_code == 200 and set(r.json()) == {"logits", "probs"}
+        assert r.status_code == 200 and set(r.json()) == {"logits", "probs", "labels", "predicted"}

@@ -153,7 +153,10 @@ def test_predict_answers_and_errors_as_gpux_does(pair):
     body = {"x": [[1.0, -2.0, 3.0, -4.0]]}
     status, answer, _ = ours.request("POST", "/predict", body)
     theirs = requests.post(url + "/predict", json=body, timeout=10)
+    # GPUX's docs add "labels" to an answer whose output has them (0.1.1's code does not): ours does
+    labels = {"labels": answer.pop("labels", None), "predicted": answer.pop("predicted", None)}
     assert status == theirs.status_code == 200 and answer == theirs.json() == {"y": [[1.0, 0.0, 3.0, 0.0]]}
+    assert labels == {"labels": ["a", "b", "c", "d"], "predicted": [{"label": "c", "score": 3.0}]}
     for bad in ({"z": [[1.0]]}, {}, {"x": [[1.0, 2.0]]}):
         status, error, _ = ours.request("POST", "/predict", bad)
         theirs = requests.post(url + "/predict", json=bad, timeout=10)

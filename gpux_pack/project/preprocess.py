@@ -1,0 +1,221 @@
+"""gpux.yml's `preprocessing` against the model: what the image does to a request before the
+graph sees it.
+
+Text: `tokenizer` names a Hugging Face tokenizer; when the graph has token inputs (input_ids,
+and attention_mask / token_type_ids when it takes them, or the names `token_inputs` gives), the
+image accepts a string input (gpux.yml's string input that the graph lacks, else `text`),
+tokenizes it with the `tokenizers` library and feeds them. A request may still send the token
+inputs themselves. GPUX's published files also set a tokenizer on models without token inputs:
+there it is a note, not a refusal, as GPUX read them.
+
+Where the tokenizer.json comes from is decided here (a file in the project, then the Hugging
+Face cache); a download from the Hub, when neither has it, is the build's (never the image's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gpux_pack.errors import UsageError
+from gpux_pack.project.config import TensorSpec
+from gpux_pack.project.load import Project
+
+ROLES = ("input_ids", "attention_mask", "token_type_ids")  # the token inputs, by their usual names
+TOKEN_TYPES = ("int64", "int32")
+DEFAULT_INPUT = "text"
+DEFAULT_MAX_LENGTH = 512  # BERT's, when neither gpux.yml nor the graph says
+TOKENIZER_FILE = "tokenizer.json"
+MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json is a few MB; a larger file is not one
+# a Hugging Face repository id: [owner/]name, as the Hub allows them
+_REPO_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """Where the image's tokenizer.json comes from."""
+
+    name: str  # as gpux.yml gives it
+    path: Path | None = None  # a local file: the project's, or the Hugging Face cache's
+    repo: str | None = None  # neither has it: the build downloads it from this Hub repository
+    source: str = "project"  # project | huggingface-cache | download
+
+    def shown(self) -> str:
+        return f"{self.name} ({self.source}: {self.path})" if self.path else f"{self.name} (download from {self.repo})"
+
+
+@dataclass(frozen=True)
+class TextStep:
+    """The text step: tokenize the request's string input into the graph's token inputs."""
+
+    input: str  # the request's string input
+    tokenizer: Tokenizer
+    feeds: tuple[tuple[str, str, str], ...]  # (role, the graph's input, its type), input_ids first
+    max_length: int  # tokens kept (truncation) and, with padding max_length, padded to
+    padding: str  # longest (to the longest text of the request) | max_length | none
+    truncation: bool
+    length: int | None = None  # the graph fixes the sequence length: every text is padded to it
+    batch: int | None = None  # the graph fixes the batch dimension: at most this many texts a request
+
+    def to_json(self, file: str) -> dict[str, Any]:
+        """gpux.json's preprocessing.text; file: the tokenizer.json in the image (from the app folder)."""
+        return {"input": self.input, "file": file, "max_length": self.max_length, "padding": self.padding,
+                "truncation": self.truncation, "length": self.length, "batch": self.batch,
+                "feeds": [{"role": r, "name": n, "type": t} for r, n, t in self.feeds]}
+
+
+def text_step(project: Project, graph_inputs: tuple[TensorSpec, ...],
+              notes: list[str]) -> tuple[TextStep | None, TensorSpec | None]:
+    """The text step gpux.yml asks for and the graph allows (None, with a note, where it does not
+    apply), and the string input requests send."""
+    pre = project.config.preprocessing
+    if pre is None or pre.tokenizer is None:
+        return None, None
+    by_name = {t.name: t for t in graph_inputs}
+    names = {role: (pre.token_inputs or {}).get(role, role) for role in ROLES}
+    ids = by_name.get(names["input_ids"])
+    if ids is None:
+        named = "preprocessing.token_inputs names it" if pre.token_inputs else "set preprocessing.token_inputs"
+        notes.append(project.note(("preprocessing", "tokenizer"),
+                                  f"not applied: the model has no token input '{names['input_ids']}' ({named} if "
+                                  "it has another name); requests send the model's own inputs"))
+        return None, None
+    feeds = []
+    for role in ROLES:
+        spec = by_name.get(names[role])
+        if spec is None:
+            if role in (pre.token_inputs or {}):
+                raise project.error(("preprocessing", "token_inputs", role),
+                                    f"the model has no input '{names[role]}'")
+            continue
+        if spec.type not in TOKEN_TYPES or spec.shape is None or len(spec.shape) != 2:
+            raise project.error(("preprocessing", "tokenizer"),
+                                f"the model's token input '{spec.name}' is {spec.type} "
+                                f"{list(spec.shape) if spec.shape is not None else 'of unknown shape'}; a tokenizer "
+                                "feeds int64 or int32 inputs of shape [batch, sequence]")
+        feeds.append((role, spec.name, spec.type))
+    shapes = {by_name[n].shape for _, n, _ in feeds}
+    if len(shapes) > 1:
+        raise project.error(("preprocessing", "tokenizer"), "the model's token inputs differ in shape "
+                                                            f"({', '.join(f'{n} {list(by_name[n].shape)}' for _, n, _ in feeds)})")
+    batch, sequence = next(iter(shapes))
+    length = sequence if isinstance(sequence, int) and sequence > 0 else None
+    raw = _string_input(project, set(by_name))
+    declared_length = raw.max_length if raw is not None else None
+    max_length = pre.max_length or declared_length or length or DEFAULT_MAX_LENGTH
+    if length is not None and max_length > length:
+        where = ("preprocessing", "max_length") if pre.max_length else ("inputs",)
+        raise project.error(where, f"{max_length} tokens, but the model's '{ids.name}' takes {length}")
+    padding = {True: "longest", False: "none"}.get(pre.padding, pre.padding)  # type: ignore[arg-type]
+    name = raw.name if raw is not None else DEFAULT_INPUT
+    if name in by_name:
+        raise project.error(("preprocessing", "tokenizer"),
+                            f"the model has an input '{name}' already; declare the text input under another name")
+    step = TextStep(input=name, tokenizer=Tokenizer(pre.tokenizer), feeds=tuple(feeds), max_length=max_length,
+                    padding=padding, truncation=pre.truncation, length=length,
+                    batch=batch if isinstance(batch, int) and batch > 0 else None)
+    served = TensorSpec.model_construct(name=name, type="string", shape=None, required=False, max_length=max_length,
+                                        labels=None, description=raw.description if raw is not None else
+                                        "text, tokenized in the image")
+    return step, served
+
+
+def _string_input(project: Project, graph: set[str]) -> TensorSpec | None:
+    """gpux.yml's input that the graph lacks: the text requests send (GPUX's top-level example)."""
+    extra = [t for t in project.config.inputs or () if t.name not in graph]
+    for t in extra:
+        if t.type not in (None, "string"):
+            index = (project.config.inputs or []).index(t)
+            raise project.error(("inputs", index), f"the model has no input '{t.name}', and only a string input "
+                                                   f"can be the text the tokenizer reads (this one is {t.type})")
+    if len(extra) > 1:
+        raise project.error(("inputs",), f"the model lacks {', '.join(t.name for t in extra)}; one string input "
+                                         "(the text the tokenizer reads) may be declared beside its own inputs")
+    return extra[0] if extra else None
+
+
+def locate(project: Project, step: TextStep, contained: bool) -> TextStep:
+    """Where its tokenizer.json is: preprocessing.tokenizer as a file (relative to gpux.yml),
+    tokenizer.json beside the model, the user's Hugging Face cache; else downloaded at build."""
+    name = step.tokenizer.name
+    folder = project.config_path.parent
+    as_path = Path(os.path.expanduser(name))
+    candidates = []
+    if name.endswith(".json") or as_path.is_absolute() or name.startswith("."):
+        candidates.append((folder / as_path, ("preprocessing", "tokenizer")))
+    else:
+        candidates.append((project.model_path.parent / TOKENIZER_FILE, ("model", "source")))
+    for path, where in candidates:
+        if path.is_file():
+            real = Path(os.path.realpath(path))
+            if contained and not real.is_relative_to(Path(os.path.realpath(folder))):
+                raise project.error(where, f"{path} resolves outside the project folder (--contained)")
+            return replace(step, tokenizer=Tokenizer(name, real, source="project"))
+        if where == ("preprocessing", "tokenizer"):
+            raise project.error(where, f"file not found: {path}")
+    if not _REPO_ID.match(name) or ".." in name:
+        raise project.error(("preprocessing", "tokenizer"),
+                            f"{name!r} is neither a tokenizer.json file nor a Hugging Face repository id")
+    cached = huggingface_cached(name)
+    if cached is not None:
+        return replace(step, tokenizer=Tokenizer(name, cached, source="huggingface-cache"))
+    return replace(step, tokenizer=Tokenizer(name, repo=name, source="download"))
+
+
+def huggingface_cached(repo: str) -> Path | None:
+    """tokenizer.json of this repository in the Hugging Face cache (HF_HOME, HF_HUB_CACHE), if there."""
+    from huggingface_hub import try_to_load_from_cache  # only projects with a tokenizer pay for its import
+
+    found = try_to_load_from_cache(repo, TOKENIZER_FILE)
+    return Path(found) if isinstance(found, str) else None
+
+
+def download(step: TextStep, cache_dir: Path | None = None) -> TextStep:
+    """Fetch the tokenizer.json a build needs from the Hugging Face Hub into the user's Hugging
+    Face cache (HF_ENDPOINT, HF_TOKEN and proxies as huggingface_hub reads them). Never at start."""
+    from huggingface_hub import hf_hub_download  # only projects with a tokenizer pay for its import
+
+    repo = step.tokenizer.repo or step.tokenizer.name
+    try:
+        path = hf_hub_download(repo, TOKENIZER_FILE, cache_dir=cache_dir, etag_timeout=10)
+    except Exception as e:  # offline, a missing repository or file, a gated one: the same advice
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UsageError(f"preprocessing.tokenizer: cannot download {TOKENIZER_FILE} of '{repo}' from the "
+                              f"Hugging Face Hub ({first}); put it beside the model, or set "
+                              "preprocessing.tokenizer to its path") from None
+    return replace(step, tokenizer=Tokenizer(step.tokenizer.name, Path(path), source="download"))
+
+
+def read_tokenizer(step: TextStep) -> bytes:
+    """The tokenizer.json's bytes, checked: JSON with a tokenizer model in it, and within
+    MAX_TOKENIZER_BYTES; loaded with the `tokenizers` library when this machine has it."""
+    path = step.tokenizer.path
+    if path is None:
+        raise UsageError(f"preprocessing.tokenizer: {step.tokenizer.name} was not downloaded")
+    try:
+        size = path.stat().st_size
+        if size > MAX_TOKENIZER_BYTES:
+            raise UsageError(f"{path}: {size} bytes; a tokenizer.json of more than {MAX_TOKENIZER_BYTES} "
+                                  "is not one")
+        data = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not a tokenizer.json (not JSON: {e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+        raise UsageError(f"{path}: not a tokenizer.json of the `tokenizers` library (no \"model\")")
+    try:
+        from tokenizers import Tokenizer as Loader  # where the host has it, the image's own check
+    except ImportError:
+        return data
+    try:
+        Loader.from_str(data.decode())
+    except Exception as e:
+        raise UsageError(f"{path}: the tokenizers library cannot load it: "
+                              f"{(str(e).splitlines() or [type(e).__name__])[0][:200]}") from None
+    return data
