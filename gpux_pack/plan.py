@@ -45,6 +45,7 @@ PYTHON = "python3"  # the base image's own interpreter, by name (RUN steps and `
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GRPC_REQUIREMENTS = ("grpcio>=1.60", "protobuf>=4.25")  # with serving.grpc_port (onnxruntime brings protobuf)
 TEXT_REQUIREMENTS = ("tokenizers>=0.15",)  # with a tokenizer: Hugging Face's Rust tokenizers, no transformers or torch
+IMAGE_REQUIREMENTS = ("pillow>=10",)  # with image preprocessing: decoding (JPEG, PNG, WebP ...) and resizing
 UID = 10001  # the image's user: numeric, so it works on any base and needs no useradd
 USER = f"{UID}:{UID}"
 DEFAULT_TAG = "{name}:{version}-{provider}"
@@ -246,7 +247,8 @@ class Plan:
     def requirements(self) -> tuple[str, ...]:
         grpc = GRPC_REQUIREMENTS if self.config.serving.grpc_port else ()
         text = TEXT_REQUIREMENTS if self.signature.text else ()
-        return (*self.provider.requirements(self.nvidia_libs), *grpc, *text, *self.config.pack.requirements)
+        image = IMAGE_REQUIREMENTS if self.signature.image else ()
+        return (*self.provider.requirements(self.nvidia_libs), *grpc, *text, *image, *self.config.pack.requirements)
 
     @property
     def assets(self) -> tuple[tuple[str, Path], ...]:
@@ -625,13 +627,12 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
             # the intermediate tensors' peak: bytes per product of the request's input dimensions
             "working_memory": [{"dims": [list(d) for d in dims], "bytes": n} for dims, n in plan.model.working_memory],
         },
-        "inputs": [_with_declared(t.to_json(), dict(plan.signature.declared)) for t in plan.signature.inputs],
+        "inputs": [_served(t.to_json(), plan.signature) for t in plan.signature.inputs],
         # accepted on /predict and v2 infer, not listed: initializers the graph lists as inputs
         "overridable_inputs": [t.to_json() for t in plan.signature.overridable],
         "outputs": [t.to_json() for t in plan.signature.outputs],
         # what the image does to a request before the graph sees it (project/preprocess.py)
-        "preprocessing": {"text": plan.signature.text.to_json(f"{ASSETS}/{TOKENIZER_FILE}")}
-        if plan.signature.text else None,
+        "preprocessing": preprocessing(plan.signature),
         "provider": provider.name,
         "execution_providers": plan.session_options,
         # the provider table's names, for GPUX_PROVIDERS, and the EPs that run on the CPU's cores
@@ -671,10 +672,26 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _with_declared(entry: dict[str, Any], declared: dict[str, tuple[int | str, ...]]) -> dict[str, Any]:
-    """An input whose gpux.yml shape fixes sizes the graph leaves open: warmup runs that shape."""
+def preprocessing(signature: Signature) -> dict[str, Any] | None:
+    """gpux.json's preprocessing: each step the image applies, by modality."""
+    steps = {}
+    if signature.text:
+        steps["text"] = signature.text.to_json(f"{ASSETS}/{TOKENIZER_FILE}")
+    if signature.image:
+        steps["image"] = signature.image.to_json()
+    if signature.audio:
+        steps["audio"] = signature.audio.to_json()
+    return steps or None
+
+
+def _served(entry: dict[str, Any], signature: Signature) -> dict[str, Any]:
+    """An input whose gpux.yml shape fixes sizes the graph leaves open: warmup runs that shape.
+    One that carries encoded media: its BYTES are kept as bytes, not read as UTF-8 text."""
+    declared = dict(signature.declared)
     if entry["name"] in declared:
         entry["declared_shape"] = list(declared[entry["name"]])
+    if entry["name"] in {step.input for step in (signature.image, signature.audio) if step}:
+        entry["encoded"] = True
     return entry
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpux_pack import engine, wheels
 from gpux_pack.pipeline import build
-from gpux_pack.plan import Options
+from gpux_pack.plan import Options, preprocessing
 from gpux_pack.ui import Reporter
 
 
@@ -57,10 +57,21 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"  tag           {r['tag']}")
         out.append(f"  base image    {base['image']} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
         out.append(f"  warmup        {r['warmup']}   link check: {r['link_check']}")
-        if r["preprocessing"]:
-            t = r["preprocessing"]["text"]
+        steps = r["preprocessing"] or {}
+        if "text" in steps:
+            t = steps["text"]
             out.append(f"  text          '{t['input']}' -> {', '.join(f['name'] for f in t['feeds'])}: tokenizer "
                        f"{t['tokenizer']}, max_length {t['max_length']}, padding {t['padding']}")
+        if "image" in steps:
+            i = steps["image"]
+            how = "letterbox" if i["letterbox"] else "resize " + "x".join(map(str, i["resize"] or i["size"]))
+            crop = f", crop {'x'.join(map(str, i['crop']))}" if i["crop"] else ""
+            norm = "mean/std" if i["mean"] else "pixels / 255" if i["type"] != "uint8" else "raw pixels"
+            out.append(f"  image         '{i['input']}' -> {i['feed']} {i['layout']} {i['type']}: {how}{crop}, {norm}")
+        if "audio" in steps:
+            a = steps["audio"]
+            out.append(f"  audio         '{a['input']}' -> {a['feed']}: WAV at {a['sample_rate']} Hz, {a['samples']} "
+                       f"samples, log-mel {a['n_mels']} x {a['frames']} (n_fft {a['n_fft']}, hop {a['hop_length']})")
         out += [f"  note          {note}" for note in r["notes"]]
         state = "present: only the model is built" if r["runtime_base"]["present"] else "built on the first build"
         out.append(f"  runtime base  {r['runtime_base']['tag']} ({state})")
@@ -74,8 +85,8 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _preprocessing(plan: Any) -> dict[str, Any] | None:
-    """What the image does to a request first, and where its tokenizer comes from (a download is the build's)."""
-    text = plan.signature.text
-    if text is None:
-        return None
-    return {"text": {**text.to_json("assets/tokenizer.json"), "tokenizer": text.tokenizer.shown()}}
+    """What the image does to a request first, and where a tokenizer comes from (a download is the build's)."""
+    steps = preprocessing(plan.signature)
+    if steps and "text" in steps:
+        steps["text"]["tokenizer"] = plan.signature.text.tokenizer.shown()
+    return steps

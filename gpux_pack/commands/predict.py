@@ -178,7 +178,7 @@ def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -
     with _loaded(path, flag, ui) as (model, _):
         arrays = feeds(model.inputs, given)
         try:
-            arrays = model.prepare(arrays)  # text tokenized, as the image does
+            arrays, _ = model.prepare(arrays)  # text tokenized, images decoded, as the image does
         except RequestError as e:
             raise PredictError(str(e)) from None
         try:

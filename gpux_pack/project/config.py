@@ -350,18 +350,26 @@ TokenRole = Literal["input_ids", "attention_mask", "token_type_ids"]
 
 
 class PreprocessingSection(_Section):
-    """What the image does to a request before the graph sees it (project/preprocess.py). Text:
-    a Hugging Face tokenizer feeding the graph's token inputs. Image and audio keys are read
-    and not applied yet (a note each)."""
+    """What the image does to a request before the graph sees it (project/preprocess.py): text
+    tokenized, images decoded and resized, audio turned into a log-mel spectrogram."""
 
     tokenizer: Annotated[Text, Field(min_length=1, max_length=512)] | None = None
     max_length: int | None = Field(None, ge=1, le=1 << 20)
     padding: bool | Literal["longest", "max_length"] = True  # true: to the longest text of a request
     truncation: bool = True  # texts longer than max_length are cut (false: refused, 400)
     token_inputs: dict[TokenRole, Text] | None = None  # the graph's names for the token inputs
-    resize: list[int] | None = None
-    normalize: str | None = None
+    # images: [width, height] each; normalize: imagenet | none (pixels / 255 only); custom: {mean, std, resize, crop}
+    resize: Annotated[list[Annotated[int, Field(ge=1, le=16384)]], Field(min_length=2, max_length=2)] | None = None
+    crop: Annotated[list[Annotated[int, Field(ge=1, le=16384)]], Field(min_length=2, max_length=2)] | None = None
+    normalize: Text | None = None  # imagenet | none | custom (checked where an image step applies)
     custom: dict[str, Any] | None = None
+    letterbox: bool = False  # keep the aspect ratio, pad to the size (YOLO's 114 gray, centred)
+    # audio (Whisper's front end): a log-mel spectrogram of the declared shape
+    sample_rate: int | None = Field(None, ge=1000, le=384000)
+    n_mels: int | None = Field(None, ge=1, le=512)
+    n_fft: int | None = Field(None, ge=16, le=65536)
+    hop_length: int | None = Field(None, ge=1, le=65536)
+    chunk_length: float | None = Field(None, gt=0, le=3600)
 
 
 ProfileDims = list[Annotated[int, Field(ge=0, le=MAX_SIZE)]]

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpux_pack.project.config import TensorSpec
 from gpux_pack.project.load import Project
-from gpux_pack.project.preprocess import TextStep, text_step
+from gpux_pack.project.preprocess import AudioStep, ImageStep, TextStep, audio_step, image_step, text_step
 from gpux_pack.project.skeleton import Weight, read_skeleton
 from gpux_pack.errors import ModelError
 from gpux_pack.runtime.dtypes import ONNX_TO_NAME
@@ -375,6 +375,8 @@ class Signature:
     declared: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
     notes: tuple[str, ...] = ()  # what the build should tell: the graph decided, a flag was not honoured
     text: TextStep | None = None  # requests may send text, tokenized into the graph's token inputs
+    image: ImageStep | None = None  # requests may send encoded images, decoded into the graph's image input
+    audio: AudioStep | None = None  # requests may send WAV, turned into the graph's log-mel spectrogram
 
 
 def reconcile(project: Project, model: ModelInfo) -> Signature:
@@ -386,6 +388,8 @@ def reconcile(project: Project, model: ModelInfo) -> Signature:
     notes: list[str] = []
     declared: list[tuple[str, tuple[int | str, ...]]] = []
     text, served = text_step(project, model.inputs, notes)
+    image, served_image = image_step(project, model.inputs, notes, {text.input} if text else set())
+    audio, served_audio = audio_step(project, model.inputs, notes, {s.input for s in (text, image) if s})
     _not_applied(project, text, notes)
     fed = {name for _, name, _ in text.feeds} if text else set()
     inputs = _merge(project, "inputs", cfg.inputs, model.inputs, True, notes, declared,
@@ -394,31 +398,22 @@ def reconcile(project: Project, model: ModelInfo) -> Signature:
         inputs = tuple(t for t in inputs if t.required)
     if cfg.inputs is not None and fed:  # the tokenizer feeds them: listed whether gpux.yml lists them or not
         inputs = (*inputs, *(t for t in model.inputs if t.name in fed and t.name not in {i.name for i in inputs}))
-    if served is not None:
-        inputs = (served, *inputs)
+    inputs = (*(t for t in (served, served_image, served_audio) if t is not None), *inputs)
     listed = {t.name for t in inputs}
     overridable = tuple(t for t in model.inputs if not t.required and t.name not in listed)
     outputs = _merge(project, "outputs", cfg.outputs, model.outputs, False, notes, [])
     outputs = tuple(_check_labels(project, index, t, notes) for index, t in enumerate(outputs))
-    return Signature(inputs, outputs, overridable, tuple(declared), tuple(notes), text)
-
-
-IMAGE_KEYS = ("resize", "normalize", "custom")
+    return Signature(inputs, outputs, overridable, tuple(declared), tuple(notes), text, image, audio)
 
 
 def _not_applied(project: Project, text: TextStep | None, notes: list[str]) -> None:
-    """Notes for what gpux.yml declares and this version does not do."""
+    """A note for each input max_length that no tokenizer reads."""
     cfg = project.config
     for index, t in enumerate(cfg.inputs or ()):
         if t.max_length is not None and (text is None or t.name != text.input):
             notes.append(project.note((*_where(project, "inputs", index, t.name), "max_length"),
                                       "not applied: it bounds the text a tokenizer reads, and this input is the "
                                       "model's own"))
-    pre = cfg.preprocessing
-    for key in IMAGE_KEYS if pre is not None else ():
-        if getattr(pre, key) is not None:
-            notes.append(project.note(("preprocessing", key), "not applied: image preprocessing is not in this "
-                                                              "version; send the model's own tensors"))
 
 
 def _check_labels(project: Project, index: int, output: TensorSpec, notes: list[str]) -> TensorSpec:

@@ -219,3 +219,198 @@ def read_tokenizer(step: TextStep) -> bytes:
         raise UsageError(f"{path}: the tokenizers library cannot load it: "
                               f"{(str(e).splitlines() or [type(e).__name__])[0][:200]}") from None
     return data
+
+
+# ---------------------------------------------------------------------------------------------
+# images
+
+IMAGE_KEYS = ("resize", "crop", "normalize", "custom", "letterbox")
+IMAGE_INPUT = "image"  # GPUX's documented request: {"image": "<base64>", "format": "jpeg"}
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # after / 255, as GPUX's guide computes
+IMAGE_TYPES = ("float32", "float16", "float64", "uint8")
+LETTERBOX_PAD = 114  # Ultralytics' gray: the value letterbox pads with, in every channel
+
+
+@dataclass(frozen=True)
+class ImageStep:
+    """The image step: decode (Pillow), orient, RGB, resize or letterbox, crop, scale, normalize,
+    lay out as the graph's image input takes it."""
+
+    input: str  # the request's encoded-image input
+    feed: str  # the graph's image input
+    dtype: str
+    layout: str  # NCHW | NHWC
+    size: tuple[int, int]  # (width, height) fed
+    resize: tuple[int, int] | None  # (width, height) before a crop
+    crop: tuple[int, int] | None  # (width, height), centred
+    letterbox: bool
+    scale: float  # 1/255 for float inputs; 1 for uint8 ones (raw pixels)
+    mean: tuple[float, float, float] | None
+    std: tuple[float, float, float] | None
+    batch: int | None = None  # the graph fixes the batch dimension
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input": self.input, "feed": self.feed, "type": self.dtype, "layout": self.layout,
+                "size": list(self.size), "resize": list(self.resize) if self.resize else None,
+                "crop": list(self.crop) if self.crop else None, "letterbox": self.letterbox,
+                "pad": LETTERBOX_PAD, "scale": self.scale, "mean": list(self.mean) if self.mean else None,
+                "std": list(self.std) if self.std else None, "batch": self.batch}
+
+
+def image_step(project: Project, graph_inputs: tuple[TensorSpec, ...], notes: list[str],
+               taken: set[str]) -> tuple[ImageStep | None, TensorSpec | None]:
+    """The image step gpux.yml asks for and the graph allows, and the input requests send images
+    on: `image`, or `image_bytes` when the graph's own input is named image."""
+    pre = project.config.preprocessing
+    if pre is None or not any(getattr(pre, k) not in (None, False) for k in IMAGE_KEYS):
+        return None, None
+    where = next(("preprocessing", k) for k in IMAGE_KEYS if getattr(pre, k) not in (None, False))
+    candidates = [t for t in graph_inputs if t.required and t.type in IMAGE_TYPES and t.shape is not None
+                  and len(t.shape) == 4 and 3 in (t.shape[1], t.shape[3])]
+    if not candidates:
+        notes.append(project.note(where, "not applied: the model has no image input (rank 4 with 3 channels, "
+                                         "NCHW or NHWC); requests send the model's own tensors"))
+        return None, None
+    feed = candidates[0]
+    if len(candidates) > 1:
+        notes.append(project.note(where, f"the model has {len(candidates)} image inputs; images feed "
+                                         f"'{feed.name}'"))
+    shape = feed.shape
+    layout = "NCHW" if shape[1] == 3 else "NHWC"
+    h, w = (shape[2], shape[3]) if layout == "NCHW" else (shape[1], shape[2])
+    fixed = (w, h) if all(isinstance(d, int) and d > 0 for d in (w, h)) else None
+    custom = pre.custom or {}
+    unknown = set(custom) - {"mean", "std", "resize", "crop"}
+    if unknown:
+        raise project.error(("preprocessing", "custom"), f"unknown key {sorted(unknown)[0]!r} (expected mean, std, "
+                                                         "resize, crop)")
+    resize = _size(project, ("preprocessing", "resize"), pre.resize) or _size(project, ("preprocessing", "custom",
+                                                                                        "resize"), custom.get("resize"))
+    crop = _size(project, ("preprocessing", "crop"), pre.crop) or _size(project, ("preprocessing", "custom", "crop"),
+                                                                       custom.get("crop"))
+    if pre.letterbox and crop:
+        raise project.error(("preprocessing", "letterbox"), "letterbox keeps the whole image: it cannot be cropped too")
+    size = crop or resize or fixed
+    if size is None:
+        raise project.error(where, f"the model's '{feed.name}' does not fix its height and width: set "
+                                   "preprocessing.resize: [width, height]")
+    if fixed is not None and size != fixed:
+        raise project.error(("preprocessing", "crop" if crop else "resize"),
+                            f"{list(size)} (width, height), but the model's '{feed.name}' takes {list(fixed)}")
+    if crop and resize and (crop[0] > resize[0] or crop[1] > resize[1]):
+        raise project.error(("preprocessing", "crop"), f"{list(crop)} is larger than the resize {list(resize)}")
+    normalize = (pre.normalize or ("custom" if "mean" in custom or "std" in custom else "none")).lower()
+    if normalize not in ("imagenet", "none", "custom"):
+        raise project.error(("preprocessing", "normalize"), f"{pre.normalize!r}: expected imagenet, none (pixels / 255 "
+                                                            "only) or custom (preprocessing.custom's mean and std)")
+    mean = std = None
+    if normalize == "imagenet":
+        mean, std = IMAGENET
+    elif normalize == "custom":
+        mean, std = _triple(project, "mean", custom.get("mean")), _triple(project, "std", custom.get("std"))
+        if any(s <= 0 for s in std):
+            raise project.error(("preprocessing", "custom", "std"), "every value must be above 0")
+    if feed.type == "uint8" and mean is not None:
+        raise project.error(("preprocessing", "normalize"), f"the model's '{feed.name}' is uint8 (raw pixels): it "
+                                                            "cannot be normalized")
+    name = IMAGE_INPUT if IMAGE_INPUT not in {t.name for t in graph_inputs} | taken else f"{IMAGE_INPUT}_bytes"
+    batch = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else None
+    step = ImageStep(input=name, feed=feed.name, dtype=feed.type, layout=layout, size=size,
+                     resize=None if pre.letterbox else (resize or (size if not crop else None)),
+                     crop=crop, letterbox=pre.letterbox, scale=1.0 if feed.type == "uint8" else 1 / 255,
+                     mean=mean, std=std, batch=batch)
+    served = TensorSpec.model_construct(name=name, type="string", shape=None, required=False, max_length=None,
+                                        labels=None, description="an encoded image (JPEG, PNG, WebP, BMP, GIF, "
+                                                                 "TIFF), decoded and preprocessed in the image")
+    return step, served
+
+
+def _size(project: Project, where: tuple[str, ...], value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 16384 for v in value)):
+        raise project.error(where, f"{value!r}: expected [width, height], two sizes from 1 to 16384")
+    return int(value[0]), int(value[1])
+
+
+def _triple(project: Project, key: str, value: Any) -> tuple[float, float, float]:
+    if (not isinstance(value, (list, tuple)) or len(value) != 3
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e6 for v in value)):
+        raise project.error(("preprocessing", "custom", key), f"{value!r}: expected three numbers (R, G, B)")
+    return float(value[0]), float(value[1]), float(value[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# audio
+
+AUDIO_KEYS = ("sample_rate", "n_mels", "n_fft", "hop_length", "chunk_length")
+AUDIO_INPUT = "audio"  # GPUX's documented request: {"audio": "<base64>", "sample_rate": 16000, "format": "wav"}
+WHISPER = {"sample_rate": 16000, "n_mels": 80, "n_fft": 400, "hop_length": 160, "chunk_length": 30.0}
+MEL_NAMES = ("mel", "input_features", "features", "log_mel")  # the graph's spectrogram input, by its usual names
+
+
+@dataclass(frozen=True)
+class AudioStep:
+    """The audio step: decode WAV, down-mix, resample, pad or cut to chunk_length, and a
+    Whisper-style log-mel spectrogram of the graph's [batch, n_mels, frames] input."""
+
+    input: str
+    feed: str
+    dtype: str
+    sample_rate: int
+    n_mels: int
+    n_fft: int
+    hop_length: int
+    samples: int  # chunk_length x sample_rate: every clip is padded with silence or cut to this
+    frames: int  # samples // hop_length (Whisper drops the STFT's last frame)
+    batch: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input": self.input, "feed": self.feed, "type": self.dtype, "sample_rate": self.sample_rate,
+                "n_mels": self.n_mels, "n_fft": self.n_fft, "hop_length": self.hop_length, "samples": self.samples,
+                "frames": self.frames, "batch": self.batch}
+
+
+def audio_step(project: Project, graph_inputs: tuple[TensorSpec, ...], notes: list[str],
+               taken: set[str]) -> tuple[AudioStep | None, TensorSpec | None]:
+    """The audio step gpux.yml asks for and the graph allows, and the input requests send WAV on."""
+    pre = project.config.preprocessing
+    if pre is None or not any(getattr(pre, k) is not None for k in AUDIO_KEYS):
+        return None, None
+    where = next(("preprocessing", k) for k in AUDIO_KEYS if getattr(pre, k) is not None)
+    candidates = [t for t in graph_inputs if t.required and t.type in ("float32", "float16", "float64")
+                  and t.shape is not None and len(t.shape) == 3
+                  and (pre.n_mels is None or t.shape[1] in (pre.n_mels, -1) or isinstance(t.shape[1], str))]
+    candidates.sort(key=lambda t: t.name not in MEL_NAMES)
+    if not candidates:
+        notes.append(project.note(where, "not applied: the model has no spectrogram input ([batch, n_mels, frames], "
+                                         "float); requests send the model's own tensors"))
+        return None, None
+    feed = candidates[0]
+    fixed_mels = feed.shape[1] if isinstance(feed.shape[1], int) and feed.shape[1] > 0 else None
+    n_mels = pre.n_mels or fixed_mels or WHISPER["n_mels"]
+    sample_rate = pre.sample_rate or WHISPER["sample_rate"]
+    n_fft = pre.n_fft or WHISPER["n_fft"]
+    hop = pre.hop_length or WHISPER["hop_length"]
+    chunk = pre.chunk_length or WHISPER["chunk_length"]
+    samples = round(chunk * sample_rate)
+    if samples > 3600 * 48000 or samples < n_fft:
+        raise project.error(("preprocessing", "chunk_length"), f"{chunk} s at {sample_rate} Hz is {samples} samples; "
+                                                               f"expected from n_fft ({n_fft}) to an hour at 48 kHz")
+    if n_fft // 2 + 1 < n_mels:
+        raise project.error(("preprocessing", "n_mels"), f"{n_mels} mel bands from n_fft {n_fft} "
+                                                         f"({n_fft // 2 + 1} frequencies): raise n_fft")
+    frames = samples // hop
+    fixed_frames = feed.shape[2] if isinstance(feed.shape[2], int) and feed.shape[2] > 0 else None
+    if fixed_frames is not None and fixed_frames != frames:
+        raise project.error(where, f"{chunk:g} s at {sample_rate} Hz with hop_length {hop} makes {frames} frames, "
+                                   f"but the model's '{feed.name}' takes {fixed_frames}")
+    name = AUDIO_INPUT if AUDIO_INPUT not in {t.name for t in graph_inputs} | taken else f"{AUDIO_INPUT}_bytes"
+    batch = feed.shape[0] if isinstance(feed.shape[0], int) and feed.shape[0] > 0 else None
+    step = AudioStep(input=name, feed=feed.name, dtype=feed.type, sample_rate=sample_rate, n_mels=n_mels,
+                     n_fft=n_fft, hop_length=hop, samples=samples, frames=frames, batch=batch)
+    served = TensorSpec.model_construct(name=name, type="string", shape=None, required=False, max_length=None,
+                                        labels=None, description="a WAV file (PCM 8/16/24/32-bit or float), turned "
+                                                                 "into a log-mel spectrogram in the image")
+    return step, served

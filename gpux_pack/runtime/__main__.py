@@ -130,7 +130,8 @@ def _command(command: str, args) -> int:
         _STATE["doing"] = "reading the input"
         body = _read_input(args.input)
         _STATE["doing"] = "running the model"
-        feeds = model.prepare(decode_predict(body, model.inputs, model.overridable, outputs=model.outputs))
+        parsed = model.steps.gpux_form(body) if model.steps else body
+        feeds, _ = model.prepare(decode_predict(parsed, model.inputs, model.overridable, outputs=model.outputs))
         outputs = _interruptible(model.run, feeds)
         print(encode_predict(outputs).decode())
         return 0

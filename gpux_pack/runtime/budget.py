@@ -82,6 +82,25 @@ class Budget:
         return needed
 
 
+class Charge:
+    """What a preprocessing step holds while it works (an image's decoded pixels): past the
+    per-request budget a 413, past the in-flight one a 503, held until released."""
+
+    def __init__(self, budget: Budget, body_bytes: int):
+        self.budget, self.body_bytes, self.held = budget, body_bytes, 0
+
+    def __call__(self, n: int) -> None:
+        limit = self.budget.settings.max_request_bytes
+        if n > limit:
+            raise RequestError(f"preprocessing this request would hold about {n} bytes, more than this server's "
+                               f"budget of {limit} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)
+        self.held += self.budget.hold_decode(n, self.body_bytes)
+
+    def release(self) -> None:
+        self.budget.release(self.held)
+        self.held = 0
+
+
 ANSWER_TEXT = 20  # bytes a JSON answer holds per output element while orjson writes it (measured:
                  # 11 in the final text, 18 at the peak of its buffer's growth, float32 outputs)
 

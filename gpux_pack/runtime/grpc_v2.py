@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .budget import Charge
 from .dtypes import BINARY_ONLY, DTYPES
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .tensors import RequestError, from_binary, to_binary
@@ -183,7 +184,7 @@ class Servicer:
         held = app.budget.hold(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD)
         try:
             loop = asyncio.get_running_loop()
-            if len(raw) > INLINE_BYTES or app.model.text:  # tokenizing: off the event loop
+            if len(raw) > INLINE_BYTES or app.model.steps:  # preprocessing: off the event loop
                 request, feeds, names, needed = await loop.run_in_executor(app.codec, self.infer_request, raw)
             else:
                 request, feeds, names, needed = self.infer_request(raw)
@@ -209,7 +210,11 @@ class Servicer:
         request = parse(self.m["ModelInferRequest"], "ModelInfer", raw)
         self.check_model(request)
         feeds, names = decode(request, self.app.model, self.app.model.settings.max_request_bytes)
-        feeds = self.app.model.prepare(feeds)
+        charge = Charge(self.app.budget, len(raw))
+        try:
+            feeds, _ = self.app.model.prepare(feeds, charge)
+        finally:
+            charge.release()
         request_bytes = self.app.budget.request_bytes(feeds, V2Request(outputs=names, binary_default=True), True)
         return request, feeds, names, request_bytes
 
@@ -317,7 +322,7 @@ def _typed(item: Any) -> Any:
             return packed(item.contents, FIXED_WIDTH[field])
         if spec.dtype == "string":
             try:
-                return np.array([v.decode("utf-8") for v in values], dtype=object)
+                return np.array([v if spec.encoded else v.decode("utf-8") for v in values], dtype=object)
             except UnicodeDecodeError:
                 raise RequestError(f"{what}: a BYTES element is not UTF-8 text") from None
         try:  # 300 in int_contents for INT8, bytes_contents for FP16: numpy refuses

@@ -16,14 +16,14 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Union
 
 import numpy as np
 
 from . import openapi
 from .metrics import Metrics, route
-from .budget import Budget, tune_malloc
+from .budget import Budget, Charge, tune_malloc
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from . import warmup
@@ -84,7 +84,9 @@ class App:
         self.metrics = Metrics()
         cpus = settings.limits.cpus if settings.limits else 2
         self.codec = ThreadPoolExecutor(max_workers=max(2, min(8, cpus)), thread_name_prefix="codec")
-        self.batchable = _batchable(model.inputs, model.outputs)
+        fed = model.steps.fed if model.steps else set()  # a step's graph inputs: optional to send, always run
+        self.batchable = _batchable([replace(s, required=True) if s.name in fed else s for s in model.inputs],
+                                    model.outputs)
         self.string_inputs = any(s.dtype == "string" for s in (*model.inputs, *model.overridable))
         batching = None
         if settings.batching:
@@ -290,7 +292,7 @@ class App:
             loop = asyncio.get_running_loop()
             self.scheduler.arrive(1)
             try:  # JSON tensors cost time in proportion: off the loop; a small or binary body: here
-                cheap = not self.model.text and (len(body) <= INLINE_BYTES or
+                cheap = not self.model.steps and (len(body) <= INLINE_BYTES or
                                                  (BINARY_HEADER in headers and not self.string_inputs))
                 if not cheap:
                     feeds, request, needed = await loop.run_in_executor(self.codec, self._decode, body, headers, v2)
@@ -312,6 +314,7 @@ class App:
             large = sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES // 4
             if not v2:
                 outputs = labelled(outputs, self.model.labels) if self.model.labels else outputs
+                outputs = {**outputs, **request.extra} if request.extra else outputs
                 if large:
                     payload = await loop.run_in_executor(self.codec, encode_predict, outputs)
                 else:
@@ -398,11 +401,12 @@ class App:
         model, budget = self.model, self.model.settings.max_request_bytes
         content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
         npy = not v2 and content_type in (b"application/x-npy", b"application/npy")
+        media = not v2 and content_type.startswith((b"image/", b"audio/")) and model.steps is not None
         length = headers.get(BINARY_HEADER) if v2 else None
         numeric = holes = None
         direct = False  # large number arrays read from the text (tensors.numeric_body)
-        if npy:
-            cost = len(body)  # np.load's copy
+        if npy or media:
+            cost = len(body)  # np.load's copy; the media's bytes
         elif length is not None:  # the JSON header as objects; the tensors are views of the body
             header_bytes = int(length) if length.strip().isdigit() else len(body)
             cost = min(header_bytes, len(body)) * JSON_FACTOR
@@ -416,8 +420,17 @@ class App:
             else:
                 cost = len(body) * JSON_FACTOR
         held = self.budget.hold_decode(cost, len(body))
+        charge = Charge(self.budget, len(body))
         try:
-            if npy:
+            if media:  # a raw body: one encoded image or WAV file (its Content-Type says which)
+                name = model.steps.body_input(content_type.decode("latin-1"))  # type: ignore[union-attr]
+                feeds = {name: np.array([bytes(body)], dtype=object)}
+                missing = [s.name for s in model.inputs if s.required and s.name not in feeds]
+                if missing:
+                    raise RequestError(f"a raw body carries '{name}' only, and the model also needs "
+                                       f"{', '.join(missing)}: send JSON")
+                request = V2Request()
+            elif npy:
                 feeds = _decode_npy(body, model.inputs, budget)
                 decode_predict({}, [], outputs=model.outputs)  # the JSON answer: a 400 for a BF16 output
                 request = V2Request()
@@ -438,15 +451,19 @@ class App:
                 else:
                     parsed = parse_json(body)
                     fast = not isinstance(parsed, list) and plain_numbers(body, parsed, v2=False)
+                if model.steps is not None:  # GPUX's image and audio forms, as the checker takes them
+                    parsed = ([model.steps.gpux_form(one) for one in parsed] if isinstance(parsed, list)
+                              else model.steps.gpux_form(parsed))
                 if isinstance(parsed, list):
                     feeds = decode_predict_batch(parsed, model.inputs, model.overridable, model.outputs,
                                                  model.settings.max_queue)
                 else:
                     feeds = decode_predict(parsed, model.inputs, model.overridable, fast, model.outputs)
                 request = V2Request()
-            feeds = model.prepare(feeds)  # text tokenized: the graph's inputs, which the budget charges
+            feeds, request.extra = model.prepare(feeds, charge)  # text tokenized, images decoded: the graph's inputs
         finally:
             self.budget.release(held)
+            charge.release()
         return feeds, request, self.budget.request_bytes(feeds, request, v2)
 
     async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class Model:
     profile: ProfileFolder | None = None  # warmup's profile is on (ended by warmup)
     threads: dict[str, Any] = field(default_factory=dict)  # /info's threads: the count and why
     path: Path | None = None  # the model file the session loaded
-    text: preprocess.Text | None = None  # requests may send text: tokenized into the graph's token inputs
+    steps: preprocess.Steps | None = None  # what gpux.json's preprocessing does to a request first
     labels: dict[str, list[str]] = field(default_factory=dict)  # output -> its labels (/predict answers them)
     _bf16: frozenset[str] | None = None  # names of its BF16 tensors (inputs, initializers, outputs)
 
@@ -148,11 +148,11 @@ class Model:
             log.warning("Set GPUX_REQUIRE_PROVIDER=1 to refuse to start instead.")
             log.warning("!" * 72)
         try:
-            text = preprocess.load(spec, settings.root)
+            steps = preprocess.load(spec, settings.root, settings.max_image_pixels)
         except Exception as e:  # a missing or damaged tokenizer.json: the image cannot serve what it says
-            raise StartupError(f"cannot load the tokenizer: {last_line(e)}") from None
-        fed = {name for _, name, _ in text.feeds} if text else set()
-        # what the tokenizer feeds a request may send instead of the text: optional, checked by text.apply
+            raise StartupError(f"cannot load the preprocessing: {last_line(e)}") from None
+        fed = steps.fed if steps else set()
+        # what a step feeds a request may send instead (text, an image): optional, checked by the step
         inputs = [ServedTensor.from_json({**t, "required": False} if t["name"] in fed else t) for t in spec["inputs"]]
         outputs = [ServedTensor.from_json(t) for t in spec["outputs"]]
         # ONNX Runtime folds an IR-3 graph's initializer inputs into constants: accept only those
@@ -168,15 +168,19 @@ class Model:
         model.path = path
         model.cache = cache
         model.profile = profile
-        model.text = text
+        model.steps = steps
         model.labels = {t["name"]: list(t["labels"]) for t in spec["outputs"] if t.get("labels")}
         return model
 
-    def prepare(self, feeds: Any) -> Any:
-        """A decoded request (or GPUX's array of them) as the graph takes it: text tokenized."""
-        if self.text is None:
-            return feeds
-        return [self.text.apply(one) for one in feeds] if isinstance(feeds, list) else self.text.apply(feeds)
+    def prepare(self, feeds: Any, charge: Any = None) -> tuple[Any, dict[str, Any]]:
+        """A decoded request (or GPUX's array of them) as the graph takes it, text tokenized and
+        images decoded, and what /predict answers beside the outputs (a letterbox's geometry).
+        charge(n): bytes a step holds while it works (decoded pixels)."""
+        if self.steps is None:
+            return feeds, {}
+        if isinstance(feeds, list):
+            return [self.steps.apply(one, charge)[0] for one in feeds], {}
+        return self.steps.apply(feeds, charge)
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None,
             options: Any = None) -> dict[str, Any]:

@@ -75,6 +75,7 @@ class Settings:
     grpc_port: int | None = None  # KServe v2 gRPC (serving.grpc_port; the image then has grpcio)
     max_header_bytes: int = 64 * 1024  # a request's line and headers; beyond: 431 and closed
     read_timeout: float = 15.0  # headers not complete, or a body silent, this long: the connection is closed
+    max_image_pixels: int = 40_000_000  # an image with more (width x height) is refused (413) before it is decoded
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, limits: Any = None) -> "Settings":
@@ -99,6 +100,7 @@ class Settings:
         drain = _seconds(env, "GPUX_DRAIN_SECONDS")
         max_header = _whole(env, "GPUX_MAX_HEADER_BYTES", 1024, 1 << 24, "a whole number of bytes from 1024 to 16777216")
         read_timeout = _seconds(env, "GPUX_READ_TIMEOUT")
+        max_pixels = _whole(env, "GPUX_MAX_IMAGE_PIXELS", 1, 1 << 32, "a positive whole number of pixels")
         path, spec = _read_config(env)
         wanted = _provider_names(env, spec.get("provider_names") or {"cpu": "CPUExecutionProvider"})
 
@@ -138,6 +140,7 @@ class Settings:
             limits=lim,
             grpc_port=int(serving["grpc_port"]) if serving.get("grpc_port") else None,
             max_header_bytes=max_header or 64 * 1024,
+            max_image_pixels=max_pixels or 40_000_000,
             read_timeout=read_timeout or 15.0,
         )
 

@@ -315,11 +315,13 @@ class ServedTensor:
     dtype: str  # canonical dtype, or sequence/map/optional for non-tensor outputs
     shape: tuple[int | str, ...] | None  # int >= 0 fixed, -1 or str dynamic
     required: bool = True
+    encoded: bool = False  # BYTES of encoded media (an image): kept as bytes, not read as UTF-8 text
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ServedTensor":
         shape = d.get("shape")
-        return cls(d["name"], d["type"], tuple(shape) if shape is not None else None, d.get("required", True))
+        return cls(d["name"], d["type"], tuple(shape) if shape is not None else None, d.get("required", True),
+                   bool(d.get("encoded")))
 
     @property
     def datatype(self) -> str:
@@ -531,7 +533,7 @@ def from_binary(spec: ServedTensor, data: memoryview, count: int, what: str) -> 
             if pos + n > len(raw):
                 raise RequestError(f"{what}: a BYTES element of {n} bytes runs past the tensor's data")
             try:
-                out.append(raw[pos: pos + n].decode("utf-8"))
+                out.append(raw[pos: pos + n] if spec.encoded else raw[pos: pos + n].decode("utf-8"))
             except UnicodeDecodeError:
                 raise RequestError(f"{what}: a BYTES element is not UTF-8 text") from None
             pos += n

@@ -37,6 +37,7 @@ class V2Request:
     outputs: list[str] | None = None  # None: all
     binary: dict[str, bool] = field(default_factory=dict)  # output -> as binary data
     binary_default: bool = False  # parameters.binary_data_output; gRPC answers raw bytes always
+    extra: dict[str, Any] = field(default_factory=dict)  # /predict: what preprocessing adds to the answer
 
     def wants_binary(self, name: str) -> bool:
         return self.binary.get(name, self.binary_default)

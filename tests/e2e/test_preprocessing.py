@@ -1,16 +1,21 @@
-"""Text in, labelled answers out, from a built image: a BERT-shaped project whose gpux.yml names a
-tokenizer (tokenizer.json beside the model, written with the `tokenizers` library) is served
-read-only; the token ids the image fed the graph (its Identity outputs) equal the `tokenizers`
-library's own, over /predict (a string and a list), KServe v2 JSON, tritonclient's binary REST
-and gRPC; the tokenizer has its own layer before the model's; images without preprocessing
-carry no tokenizers library."""
+"""Raw inputs in, labelled answers out, from built images served read-only.
+
+Text: a BERT-shaped project whose gpux.yml names a tokenizer (tokenizer.json beside the model,
+written with the `tokenizers` library); the token ids the image fed the graph (its Identity
+outputs) equal the `tokenizers` library's own, over /predict (a string and a list), KServe v2
+JSON, tritonclient's binary REST and gRPC; the tokenizer has its own layer before the model's.
+Images: PNG and JPEG as GPUX's base64 form, {"b64": ...}, a raw body and a v2 BYTES tensor, with
+resize + imagenet and with letterbox, equal to the NumPy reference of the documented steps; a
+decompression bomb is 413, a non-image 400, and the container stays ready. Audio: WAV at 16 kHz
+and 44.1 kHz becomes the log-mel librosa computes; a corrupt WAV is 400. Only the images that
+preprocess carry the libraries they need."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests import text_project
+from tests import audio_project, image_project, text_project
 from tests.conftest import build_image, serve
 
 pytestmark = pytest.mark.e2e
@@ -67,9 +72,103 @@ def test_text_is_tokenized_in_the_image_as_the_tokenizers_library_does(text_imag
     assert adds[-3:] == ["ADD assets.tar /", "ADD model.tar /", "ADD config.tar /"], history
 
 
-def test_only_images_that_tokenize_carry_the_tokenizers_library(text_image, mlp_image, docker_client):
-    probe = ["-c", "import importlib.util as u; print(bool(u.find_spec('tokenizers')))"]
+@pytest.fixture(scope="module")
+def picture_images(docker_client, tags, tmp_path_factory) -> dict[str, dict]:
+    """The colours model twice: resize + imagenet, and letterbox (one runtime base: the same lock)."""
+    root = tmp_path_factory.mktemp("pictures")
+    return {"resize": build_image(image_project.make(root / "resize", extra="serving:\n  grpc_port: 8001\n"),
+                                  tags("colours:resize"), "--provider", "cpu"),
+            "letterbox": build_image(image_project.make(root / "letterbox", preprocessing="  resize: [32, 32]\n"
+                                                        "  letterbox: true"), tags("colours:letterbox"),
+                                     "--provider", "cpu")}
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+def test_images_in_every_form_equal_the_documented_steps(picture_images):
+    import tritonclient.grpc as tgrpc
+
+    png, jpeg = image_project.picture(fmt="PNG"), image_project.picture(fmt="JPEG", seed=1)
+    with serve(picture_images["resize"]["tag"], extra_ports=(8001,), read_only=True, tmpfs={"/tmp": ""}) as server:
+        for data, kind in ((png, "png"), (jpeg, "jpeg")):
+            want = image_project.reference(data)
+            answers = [server.post("/predict", json={"image": _b64(data), "format": kind}).json(),
+                       server.post("/predict", json={"input": {"b64": _b64(data)}}).json(),
+                       server.post("/predict", data=data, headers={"Content-Type": f"image/{kind}"}).json()]
+            for answer in answers:
+                np.testing.assert_allclose(np.array(answer["seen"], np.float32), want, atol=1e-5, rtol=0)
+                assert answer["labels"] == ["red", "green", "blue"] and len(answer["predicted"]) == 1
+            v2 = server.post("/v2/models/colours/infer", json={"inputs": [
+                {"name": "image", "datatype": "BYTES", "shape": [1], "data": [_b64(data)]}]}).json()
+            seen = {o["name"]: o for o in v2["outputs"]}["seen"]
+            np.testing.assert_allclose(np.array(seen["data"], np.float32).reshape(seen["shape"]), want, atol=1e-5)
+            grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{server.container.get_exposed_port(8001)}")
+            given = tgrpc.InferInput("image", [1], "BYTES")
+            given.set_data_from_numpy(np.array([data], dtype=np.object_))
+            np.testing.assert_allclose(grpc.infer("colours", [given]).as_numpy("seen"), want, atol=1e-5, rtol=0)
+        bomb = server.post("/predict", json={"image": _b64(_png_header(30000, 30000))})
+        assert bomb.status_code == 413 and "30000x30000 is 900000000 pixels" in bomb.json()["error"], bomb.text
+        text = server.post("/predict", data=b"just text", headers={"Content-Type": "image/png"})
+        assert text.status_code == 400 and text.json()["error"].startswith("input 'image': not an image"), text.text
+        assert server.get("/v2/health/ready").status_code == 200
+    with serve(picture_images["letterbox"]["tag"], read_only=True, tmpfs={"/tmp": ""}) as server:
+        wide = image_project.picture(width=64, height=40)
+        answer = server.post("/predict", json={"image": _b64(wide)}).json()
+        np.testing.assert_allclose(np.array(answer["seen"], np.float32),
+                                   image_project.reference(wide, normalize=False, letterbox=True), atol=1e-5, rtol=0)
+        assert answer["letterbox"] == [{"scale": 0.5, "offset": [0, 6], "size": [64, 40]}]
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that says it is width x height (its data need not follow: it is refused from the header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+@pytest.fixture(scope="module")
+def audio_image(docker_client, tags, tmp_path_factory) -> dict:
+    return build_image(audio_project.make(tmp_path_factory.mktemp("audio") / "p"), tags("whisper:cpu"),
+                       "--provider", "cpu")
+
+
+def test_wav_becomes_the_log_mel_librosa_computes(audio_image):
+    import tritonclient.http as thttp
+
+    with serve(audio_image["tag"], read_only=True, tmpfs={"/tmp": ""}) as server:
+        client = thttp.InferenceServerClient(server.url.split("://", 1)[1])
+        for rate, channels in ((16000, 1), (44100, 2)):
+            samples = audio_project.tone(rate, 2.0, channels)
+            data = audio_project.wav(samples, rate)
+            given = [thttp.InferInput("audio", [1], "BYTES"), thttp.InferInput("decoder_input_ids", [1, 1], "INT64")]
+            given[0].set_data_from_numpy(np.array([data], dtype=np.object_), binary_data=True)
+            given[1].set_data_from_numpy(np.array([[50258]], np.int64))
+            result = client.infer("whisper-shaped", given,
+                                  outputs=[thttp.InferRequestedOutput("seen", binary_data=True)])
+            want = audio_project.reference(audio_project.decoded(samples), rate)
+            np.testing.assert_allclose(result.as_numpy("seen")[0], want, atol=1e-4, rtol=0, err_msg=str(rate))
+        corrupt = server.post("/predict", json={"audio": _b64(b"RIFF\x10\x00\x00\x00WAVEjunk"),
+                                                "decoder_input_ids": [[1]]})
+        assert corrupt.status_code == 400 and corrupt.json()["error"] == \
+            "input 'audio': a WAV file without a fmt chunk", corrupt.text
+        assert server.get("/v2/health/ready").status_code == 200
+
+
+def test_only_images_that_preprocess_carry_the_libraries(text_image, picture_images, audio_image, mlp_image,
+                                                         docker_client):
+    probe = ["-c", "import importlib.util as u; print([bool(u.find_spec(m)) for m in ('tokenizers', 'PIL')])"]
     found = {name: docker_client.containers.run(image["tag"], probe, entrypoint=["python3"], remove=True,
                                                 labels={"io.gpux.pack.role": "test"}).decode().strip()
-             for name, image in (("text", text_image), ("plain", mlp_image))}
-    assert found == {"text": "True", "plain": "False"}
+             for name, image in (("text", text_image), ("image", picture_images["resize"]),
+                                 ("audio", audio_image), ("plain", mlp_image))}
+    assert found == {"text": "[True, False]", "image": "[False, True]", "audio": "[False, False]",
+                     "plain": "[False, False]"}

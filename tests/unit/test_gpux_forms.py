@@ -37,8 +37,8 @@ def test_every_published_form_plans_and_names_what_it_leaves_out(entry, tmp_path
     spec = gpux_json(plan)
     assert spec["name"] == model_name(loaded.project.config.name) and spec["serving"]["host"] in ("0.0.0.0", "::")
     declared = {i["name"] for i in entry["inputs"]}
-    text = {spec["preprocessing"]["text"]["input"]} if spec["preprocessing"] else set()  # what a tokenizer reads
-    assert {i["name"] for i in spec["inputs"]} - text <= declared
+    raw = {step["input"] for step in (spec["preprocessing"] or {}).values()}  # text or images, preprocessed
+    assert {i["name"] for i in spec["inputs"]} - raw <= declared
     for key in entry["ignored_keys"]:
         assert any(f": {key}: " in note for note in plan.notes), (key, plan.notes)
     if entry["ignored_keys"]:
