@@ -45,6 +45,9 @@ PYTHON = "python3"  # the base image's own interpreter, by name (RUN steps and `
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GRPC_REQUIREMENTS = ("grpcio>=1.60", "protobuf>=4.25")  # with serving.grpc_port (onnxruntime brings protobuf)
 TEXT_REQUIREMENTS = ("tokenizers>=0.15",)  # with a tokenizer: Hugging Face's Rust tokenizers, no transformers or torch
+# tokenizers declares huggingface-hub (and its hf-xet, httpx, fsspec, tqdm, pyyaml ...) for
+# Tokenizer.from_pretrained, which the image never calls: its tokenizer.json is baked at build
+TEXT_EXCLUDES = ("huggingface-hub",)
 IMAGE_REQUIREMENTS = ("pillow>=10",)  # with image preprocessing: decoding (JPEG, PNG, WebP ...) and resizing
 UID = 10001  # the image's user: numeric, so it works on any base and needs no useradd
 USER = f"{UID}:{UID}"
@@ -249,6 +252,11 @@ class Plan:
         text = TEXT_REQUIREMENTS if self.signature.text else ()
         image = IMAGE_REQUIREMENTS if self.signature.image else ()
         return (*self.provider.requirements(self.nvidia_libs), *grpc, *text, *image, *self.config.pack.requirements)
+
+    @property
+    def excludes(self) -> tuple[str, ...]:
+        """Distributions a requirement declares and the image never imports: left out of the lock."""
+        return TEXT_EXCLUDES if self.signature.text else ()
 
     @property
     def assets(self) -> tuple[tuple[str, Path], ...]:

@@ -94,6 +94,7 @@ class Lock:
     target: Target
     requirements: tuple[str, ...]
     pins: tuple[Pin, ...]  # what the image's site-packages gets
+    excludes: tuple[str, ...] = ()  # distributions left out of the resolution, with what only they need
 
     def version_of(self, dist: str) -> str | None:
         name = canonicalize_name(dist)
@@ -130,16 +131,20 @@ class Wheelhouse:
 # resolve
 
 
-def lock_path(requirements: tuple[str, ...], target: Target, suffix: str = ".txt") -> Path:
-    """Where the lock of (requirements, target) is cached (a model-only rebuild checks it did not move)."""
-    key_src = json.dumps([sorted(requirements), target.python, target.uv_platform])
+def lock_path(requirements: tuple[str, ...], target: Target, suffix: str = ".txt",
+              excludes: tuple[str, ...] = ()) -> Path:
+    """Where the lock of (requirements, target, excludes) is cached (a model-only rebuild checks it did not move)."""
+    key = [sorted(requirements), target.python, target.uv_platform, *([sorted(excludes)] if excludes else [])]
+    key_src = json.dumps(key)
     return cache_dir() / "locks" / f"{hashlib.sha256(key_src.encode()).hexdigest()[:24]}{suffix}"
 
 
-def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False, offline: bool = False) -> Lock:
-    """Pinned, hashed versions for the target; cached by (requirements, target). offline: the
-    cached lock or an error, never the network."""
-    path = lock_path(requirements, target)
+def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False, offline: bool = False,
+            excludes: tuple[str, ...] = ()) -> Lock:
+    """Pinned, hashed versions for the target; cached by (requirements, target, excludes).
+    excludes: distributions a requirement declares and the image never imports (uv --excludes:
+    they and what only they need stay out). offline: the cached lock or an error, never the network."""
+    path = lock_path(requirements, target, excludes=excludes)
     if refresh or not path.is_file():
         if offline:
             raise WheelError(f"no cached lock for {target.describe()} (resolve it once with network, e.g. "
@@ -147,11 +152,11 @@ def resolve(requirements: tuple[str, ...], target: Target, refresh: bool = False
         path.parent.mkdir(parents=True, exist_ok=True)
         with staging.locked(path):  # a second build resolving the same lock waits, then reuses it
             if refresh or not path.is_file():
-                text = _uv_compile(list(requirements), target)
+                text = _uv_compile(list(requirements), target, excludes=excludes)
                 _write_atomic(path, text)
     touch(path)
     pins = _parse_compiled(path.read_text())
-    return Lock(target, tuple(requirements), tuple(pins))
+    return Lock(target, tuple(requirements), tuple(pins), tuple(excludes))
 
 
 def sizes(lock: Lock, offline: bool = False) -> dict[str, tuple[int | None, bool]]:
@@ -163,9 +168,10 @@ def sizes(lock: Lock, offline: bool = False) -> dict[str, tuple[int | None, bool
     out: dict[str, tuple[int | None, bool]] = {p.name: (found[p].path.stat().st_size, True) for p in found}
     missing = [p for p in lock.pins if p not in found]
     if missing:
-        sidecar = lock_path(lock.requirements, lock.target, ".pylock.toml")
+        sidecar = lock_path(lock.requirements, lock.target, ".pylock.toml", lock.excludes)
         if not sidecar.is_file() and not offline:
-            _write_atomic(sidecar, _uv_compile(list(lock.requirements), lock.target, pylock=True))
+            _write_atomic(sidecar, _uv_compile(list(lock.requirements), lock.target, pylock=True,
+                                               excludes=lock.excludes))
         listed: dict[str, int] = {}
         if sidecar.is_file():
             import tomllib
@@ -179,9 +185,14 @@ def sizes(lock: Lock, offline: bool = False) -> dict[str, tuple[int | None, bool
     return out
 
 
-def _uv_compile(requirements: list[str], target: Target, pylock: bool = False) -> str:
+def _uv_compile(requirements: list[str], target: Target, pylock: bool = False, excludes: tuple[str, ...] = ()) -> str:
     from uv import find_uv_bin
 
+    excluded = None
+    if excludes:  # uv reads them from a requirements file
+        excluded = tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="gpux-excludes-", delete=False)
+        excluded.write("\n".join(excludes) + "\n")
+        excluded.close()
     cmd = [
         find_uv_bin(), "pip", "compile", "-",
         "--python-version", target.python,
@@ -189,6 +200,7 @@ def _uv_compile(requirements: list[str], target: Target, pylock: bool = False) -
         "--only-binary", ":all:",
         "--generate-hashes", "--no-header", "--no-annotate", "--quiet",
         *(["--format", "pylock.toml"] if pylock else []),
+        *(["--excludes", excluded.name] if excluded else []),
     ]
     env = dict(os.environ)
     # Let a pip-only configuration (proxy index, custom CA) reach uv as well.
@@ -198,9 +210,11 @@ def _uv_compile(requirements: list[str], target: Target, pylock: bool = False) -
         env["UV_INDEX"] = env["PIP_EXTRA_INDEX_URL"]
     if "PIP_CERT" in env and "SSL_CERT_FILE" not in env:
         env["SSL_CERT_FILE"] = env["PIP_CERT"]
-    proc = subprocess.run(
-        cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env
-    )
+    try:
+        proc = subprocess.run(cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env)
+    finally:
+        if excluded:
+            os.unlink(excluded.name)
     if proc.returncode != 0:
         reason = _index_failure(proc.stderr, requirements) or _uv_reason(proc.stderr)
         raise WheelError(f"cannot resolve the image's wheels for {target.describe()}: {reason}")

@@ -203,5 +203,5 @@ def record(argv: list[str], outcome: Outcome) -> None:
     except Exception:  # a base that is not an image here: nothing to replay from
         return
     rebuild.record(argv, outcome.loaded.project.root, plan.model.path, plan.model.sha256, plan.model.size_bytes,
-                   plan.provider.name, images, lock_path(plan.requirements, plan.target), built.loaded,
+                   plan.provider.name, images, lock_path(plan.requirements, plan.target, excludes=plan.excludes), built.loaded,
                    plan.project.variables, row(made))

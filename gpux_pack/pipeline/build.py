@@ -173,7 +173,7 @@ def locked(plan: Plan, ui: Reporter, refresh: bool = False, client: Any | None =
     and whether the engine (when given) already has the runtime base image they make."""
     if not offline:
         ui.info(f"resolving wheels for {plan.target.describe()}")
-    lock = wheels.resolve(plan.requirements, plan.target, refresh=refresh, offline=offline)
+    lock = wheels.resolve(plan.requirements, plan.target, refresh=refresh, offline=offline, excludes=plan.excludes)
     present = client is not None and engine.image_exists(client, with_lock(plan, lock).runtime_base.tag)
     return with_lock(plan, lock, runtime_base_present=present)
 

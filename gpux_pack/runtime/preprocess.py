@@ -1,11 +1,11 @@
-"""What the image does to a request before the graph sees it, and adds to /predict's answer
-after, as gpux.json says (the packager decided it: gpux_pack/project/preprocess.py).
+"""What the image does to a request before the graph sees it, as gpux.json says (the packager
+decided it: gpux_pack/project/preprocess.py). Imported only by an image that preprocesses; the
+libraries each step needs (tokenizers, Pillow) only by an image that takes that step.
 
-Text: the request's string input, tokenized with Hugging Face's `tokenizers` (Rust; imported
-only by an image that tokenizes) into the graph's token inputs: truncated at max_length,
-padded to the graph's fixed length, or to max_length, or to the longest text of the request,
-on the right with the tokenizer's pad token. Labels: an output with labels answers them, and
-per row the top label and its score."""
+Text: the request's string input, tokenized with Hugging Face's `tokenizers` (Rust) into the
+graph's token inputs: truncated at max_length, padded to the graph's fixed length, or to
+max_length, or to the longest text of the request, on the right with the tokenizer's pad token.
+Images and audio: see Image and Audio. docs/preprocessing.md spells every step."""
 
 from __future__ import annotations
 
@@ -112,28 +112,6 @@ def _texts(name: str, value: Any) -> list[str]:
             raise RequestError(f"input '{name}'[{i}]: expected text, got {type(item).__name__}")
         out.append(item)
     return out
-
-
-def labelled(outputs: dict[str, Any], labels: dict[str, list[str]]) -> dict[str, Any]:
-    """/predict's answer with GPUX's "labels" and, per row, the top label and its score
-    ("predicted"); keyed by output when several outputs have labels. An output whose last
-    dimension does not match its labels (a dynamic one) answers without them."""
-    found: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
-    for name, names in labels.items():
-        value = outputs.get(name)
-        if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[-1] != len(names) or not names:
-            continue
-        if value.dtype.kind not in "fiub":
-            continue
-        rows = value.reshape(-1, value.shape[-1])
-        top = rows.argmax(axis=1)
-        found[name] = (names, [{"label": names[int(j)], "score": float(rows[i, j])} for i, j in enumerate(top)])
-    if not found or "labels" in outputs or "predicted" in outputs:
-        return outputs
-    if len(found) == 1:
-        names, predicted = next(iter(found.values()))
-        return {**outputs, "labels": names, "predicted": predicted}
-    return {**outputs, "labels": {k: v[0] for k, v in found.items()}, "predicted": {k: v[1] for k, v in found.items()}}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,10 +27,9 @@ from .budget import Budget, Charge, tune_malloc
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from . import warmup
-from .preprocess import labelled
 from .session import Model
 from .warmup import AccuracyError
-from .tensors import (JSON_FACTOR, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
+from .tensors import (JSON_FACTOR, labelled, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
                       encode_predict, hole_inputs, numeric_body, parse_json, plain_numbers, to_json)
 from .v2 import V2Request, decode_rest, encode_v2, split_binary
 

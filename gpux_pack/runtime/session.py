@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import caches, preprocess
+from . import caches
 from .devices import cpu_vendor, no_device
 from .dtypes import BINARY_ONLY
 from .settings import Settings, StartupError
@@ -68,7 +68,7 @@ class Model:
     profile: ProfileFolder | None = None  # warmup's profile is on (ended by warmup)
     threads: dict[str, Any] = field(default_factory=dict)  # /info's threads: the count and why
     path: Path | None = None  # the model file the session loaded
-    steps: preprocess.Steps | None = None  # what gpux.json's preprocessing does to a request first
+    steps: Any = None  # preprocess.Steps: what gpux.json's preprocessing does to a request first
     labels: dict[str, list[str]] = field(default_factory=dict)  # output -> its labels (/predict answers them)
     _bf16: frozenset[str] | None = None  # names of its BF16 tensors (inputs, initializers, outputs)
 
@@ -148,7 +148,11 @@ class Model:
             log.warning("Set GPUX_REQUIRE_PROVIDER=1 to refuse to start instead.")
             log.warning("!" * 72)
         try:
-            steps = preprocess.load(spec, settings.root, settings.max_image_pixels)
+            steps = None
+            if spec.get("preprocessing"):  # only an image that preprocesses pays for the module
+                from . import preprocess
+
+                steps = preprocess.load(spec, settings.root, settings.max_image_pixels)
         except Exception as e:  # a missing or damaged tokenizer.json: the image cannot serve what it says
             raise StartupError(f"cannot load the preprocessing: {last_line(e)}") from None
         fed = steps.fed if steps else set()

@@ -481,6 +481,28 @@ def encode_predict(outputs: dict[str, Any]) -> bytes:
     return dumps({name: _plain(value) for name, value in outputs.items()})
 
 
+def labelled(outputs: dict[str, Any], labels: dict[str, list[str]]) -> dict[str, Any]:
+    """/predict's answer with GPUX's "labels" (gpux.yml's outputs[].labels) and, per row, the top
+    label and its score ("predicted"); keyed by output when several outputs have labels. An
+    output whose last dimension does not match its labels (a dynamic one) answers without them."""
+    found: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
+    for name, names in labels.items():
+        value = outputs.get(name)
+        if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[-1] != len(names) or not names:
+            continue
+        if value.dtype.kind not in "fiub":
+            continue
+        rows = value.reshape(-1, value.shape[-1])
+        top = rows.argmax(axis=1)
+        found[name] = (names, [{"label": names[int(j)], "score": float(rows[i, j])} for i, j in enumerate(top)])
+    if not found or "labels" in outputs or "predicted" in outputs:
+        return outputs
+    if len(found) == 1:
+        names, predicted = next(iter(found.values()))
+        return {**outputs, "labels": names, "predicted": predicted}
+    return {**outputs, "labels": {k: v[0] for k, v in found.items()}, "predicted": {k: v[1] for k, v in found.items()}}
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS" and value.dtype != np.float16:
         return np.ascontiguousarray(value)

@@ -69,7 +69,7 @@ def test_the_plan_serves_text_bakes_the_tokenizer_and_adds_its_library(tmp_path)
     assert [f["name"] for f in text["feeds"]] == ["input_ids", "attention_mask", "token_type_ids"]
     assert spec["inputs"][0] == {"name": "text", "type": "string", "shape": None, "required": False,
                                  "max_length": 16}
-    assert "tokenizers>=0.15" in plan.requirements
+    assert "tokenizers>=0.15" in plan.requirements and plan.excludes == ("huggingface-hub",)
     assert plan.assets == (("tokenizer.json", (project / "tokenizer.json").resolve()),)
     assert spec["outputs"][0]["labels"] == ["negative", "positive"]
     # an image without preprocessing carries neither the library nor the layer
