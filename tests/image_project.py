@@ -13,18 +13,20 @@ import numpy as np
 IMAGENET = (np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32))
 
 
-def model(height: int | str = 32, width: int | str = 32, layout: str = "NCHW"):
+def model(height: int | str = 32, width: int | str = 32, layout: str = "NCHW", dtype: str = "float32"):
     import onnx
     from onnx import TensorProto, helper
 
     shape = ["batch", 3, height, width] if layout == "NCHW" else ["batch", height, width, 3]
     axes = [2, 3] if layout == "NCHW" else [1, 2]
+    kind = TensorProto.UINT8 if dtype == "uint8" else TensorProto.FLOAT
     graph = helper.make_graph(
-        [helper.make_node("ReduceMean", ["input", "axes"], ["channels"], keepdims=0),
+        [helper.make_node("Cast", ["input"], ["x"], to=TensorProto.FLOAT),
+         helper.make_node("ReduceMean", ["x", "axes"], ["channels"], keepdims=0),
          helper.make_node("Identity", ["input"], ["seen"])],
-        "image", [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+        "image", [helper.make_tensor_value_info("input", kind, shape)],
         [helper.make_tensor_value_info("channels", TensorProto.FLOAT, ["batch", 3]),
-         helper.make_tensor_value_info("seen", TensorProto.FLOAT, shape)],
+         helper.make_tensor_value_info("seen", kind, shape)],
         initializer=[helper.make_tensor("axes", TensorProto.INT64, [2], axes)])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 8

@@ -13,6 +13,7 @@ preprocess carry the libraries they need."""
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from tests import audio_project, image_project, text_project
@@ -99,8 +100,11 @@ def test_images_in_every_form_equal_the_documented_steps(picture_images):
             answers = [server.post("/predict", json={"image": _b64(data), "format": kind}).json(),
                        server.post("/predict", json={"input": {"b64": _b64(data)}}).json(),
                        server.post("/predict", data=data, headers={"Content-Type": f"image/{kind}"}).json()]
+            channels = ort.InferenceSession(image_project.model().SerializeToString()).run(["channels"],
+                                                                                            {"input": want})[0]
             for answer in answers:
                 np.testing.assert_allclose(np.array(answer["seen"], np.float32), want, atol=1e-5, rtol=0)
+                np.testing.assert_allclose(answer["channels"], channels, atol=1e-5, rtol=0)  # ORT on the reference
                 assert answer["labels"] == ["red", "green", "blue"] and len(answer["predicted"]) == 1
             v2 = server.post("/v2/models/colours/infer", json={"inputs": [
                 {"name": "image", "datatype": "BYTES", "shape": [1], "data": [_b64(data)]}]}).json()

@@ -433,3 +433,58 @@ def test_frames_the_graph_cannot_take_are_refused_at_build(tmp_path):
     with pytest.raises(ConfigError, match=r"10 s at 16000 Hz with hop_length 160 makes 1000 frames, but the model's "
                                           r"'mel' takes 3000"):
         load(project)
+
+
+def test_predict_on_a_project_tokenizes_in_process(tmp_path, capsys):
+    from gpux_pack.cli import main
+
+    project = text_project.make(tmp_path / "p")
+    with pytest.raises(SystemExit) as done:
+        main(["predict", str(project), "--input", 'text=["I love it", "bad"]'])
+    assert done.value.code == 0
+    answer = json.loads(capsys.readouterr().out)
+    np.testing.assert_array_equal(answer["input_ids_seen"],
+                                  text_project.expected(["I love it", "bad"], None, 16)["input_ids"])
+
+
+def test_a_uint8_nhwc_graph_takes_the_raw_pixels(tmp_path):
+    from tests.image_project import picture, reference
+
+    client = _image_client(tmp_path, preprocessing="  resize: [32, 32]", layout="NHWC", dtype="uint8")
+    data = picture()
+    status, answer, _ = client.request("POST", "/predict", {"image": _b64(data)})
+    assert status == 200, answer
+    pixels = np.round(reference(data, normalize=False) * 255).astype(np.uint8).transpose(0, 2, 3, 1)
+    np.testing.assert_array_equal(np.array(answer["seen"]), pixels)
+
+
+def test_token_inputs_named_otherwise_are_fed_by_their_role(tmp_path):
+    import onnx
+
+    project = text_project.make(tmp_path / "p", extra="  token_inputs: {input_ids: ids, attention_mask: mask}\n")
+    model = onnx.load(str(project / "model.onnx"))
+    renames = {"input_ids": "ids", "attention_mask": "mask"}
+    for value in model.graph.input:
+        value.name = renames.get(value.name, value.name)
+    for node in model.graph.node:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+    onnx.save(model, str(project / "model.onnx"))
+    plan = _plan(project)
+    assert [(f["role"], f["name"]) for f in plan.gpux_json["preprocessing"]["text"]["feeds"]] == \
+        [("input_ids", "ids"), ("attention_mask", "mask"), ("token_type_ids", "token_type_ids")]
+    client = _client(_image_folder(tmp_path, project))
+    status, answer, _ = client.request("POST", "/predict", {"text": "I love it"})
+    assert status == 200 and answer["logits"] == [[0.0, 2.0]], answer
+
+
+def test_preprocessed_requests_batch_like_tensor_requests(tmp_path):
+    from tests import image_project
+
+    project = image_project.make(tmp_path / "p", extra="serving:\n  batch_size: 8\n")
+    plan = _plan(project)
+    folder = tmp_path / "image"
+    (folder / "model").mkdir(parents=True)
+    shutil.copy(project / "model.onnx", folder / "model" / "model.onnx")
+    (folder / "gpux.json").write_text(json.dumps(plan.gpux_json))
+    app = App(Model.load(settings(folder), warm_up=False))
+    assert app.batchable  # the graph's input (fed by the image step) has a dynamic batch dimension
