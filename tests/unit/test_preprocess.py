@@ -488,3 +488,62 @@ def test_preprocessed_requests_batch_like_tensor_requests(tmp_path):
     (folder / "gpux.json").write_text(json.dumps(plan.gpux_json))
     app = App(Model.load(settings(folder), warm_up=False))
     assert app.batchable  # the graph's input (fed by the image step) has a dynamic batch dimension
+
+
+def test_a_long_text_is_cut_before_it_is_tokenized(served, tmp_path):
+    """A 6.4 MB text held 780 MB for 5 s inside the tokenizer: each text is cut to 100 characters
+    per token of max_length first (same tokens kept) and what tokenizing holds is charged."""
+    import resource
+
+    text = "I love this product, it is great! " * 200_000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    status, answer, _ = served.request("POST", "/predict", {"text": text})
+    assert status == 200, answer
+    assert time.perf_counter() - started < 2.0 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000
+    want = text_project.expected([text[:2000]], None, 16)  # the first 16 tokens, as the whole text has them
+    np.testing.assert_array_equal(answer["input_ids_seen"], want["input_ids"])
+    strict = text_project.make(tmp_path / "strict", extra="  truncation: false\n")
+    client = _client(_image_folder(tmp_path, strict))
+    status, answer, _ = client.request("POST", "/predict", {"text": "a " * 1000})
+    assert status == 413 and answer["error"] == ("input 'text'[0]: 2000 characters, more than 1600 (100 per token of "
+                                                 "max_length 16; preprocessing.truncation is off)"), answer
+    status, answer, _ = client.request("POST", "/predict", {"text": "a " * 20})
+    assert status == 413 and answer["error"] == ("input 'text'[0]: 22 tokens, more than max_length 16 "
+                                                 "(preprocessing.truncation is off)"), answer
+
+
+def test_hostile_bytes_are_a_request_error_never_a_crash():
+    """Random and mutated WAV and image bytes: read_wav and the image decoder answer a RequestError
+    (a 400/413) or a result, never another exception."""
+    from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+    from gpux_pack.runtime import preprocess
+    from gpux_pack.runtime.tensors import RequestError
+    from tests import audio_project
+    from tests.image_project import picture
+
+    wav = audio_project.wav(audio_project.tone(8000, 0.05), 8000, 24)
+    png = picture(width=8, height=8)
+    image = preprocess.Image({"input": "image", "feed": "input", "type": "float32", "layout": "NCHW", "size": [8, 8],
+                              "resize": [8, 8], "crop": None, "letterbox": False, "scale": 1 / 255, "mean": None,
+                              "std": None}, max_pixels=1 << 20)
+
+    @hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(st.binary(max_size=256), st.tuples(st.integers(0, 400), st.binary(min_size=1, max_size=8))))
+    def check(mutation):
+        for original in (wav, png):
+            if isinstance(mutation, bytes):
+                data = original[:12] + mutation if original is wav else mutation
+            else:
+                at, junk = mutation
+                data = original[:at] + junk + original[at + len(junk):]
+            try:
+                if original is wav:
+                    preprocess.read_wav(data, "input 'audio'")
+                else:
+                    image.one(data, "input 'image'")
+            except RequestError as e:
+                assert e.status in (400, 413) and "\n" not in str(e)
+
+    check()
