@@ -141,3 +141,9 @@ def write_text(final: Path, text: str, replace: bool = True) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     with staged(final, replace) as tmp:
         tmp.write_text(text)
+
+
+def write_bytes(final: Path, data: bytes, replace: bool = True) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with staged(final, replace) as tmp:
+        tmp.write_bytes(data)

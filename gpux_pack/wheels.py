@@ -357,6 +357,15 @@ def _find(folder: Path, pins: tuple[Pin, ...], tags: list[Tag]) -> dict[Pin, Whe
     return found
 
 
+def wheel_hashes(lock: Lock) -> dict[str, str]:
+    """Per pin, the sha256 of the wheel this target installs, where the cache has it (the SBOM's
+    hash of each package); a pin whose wheel is not cached is absent."""
+    folder = cache_dir() / "wheels"
+    if not folder.is_dir():
+        return {}
+    return {pin.name: wheel.sha256 for pin, wheel in _find(folder, lock.pins, lock.target.tags()).items()}
+
+
 def _norm_version(version: str) -> str:
     from packaging.version import Version
 

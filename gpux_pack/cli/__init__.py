@@ -70,7 +70,12 @@ def build_cmd(
     quiet: bool = QuietOpt,
     json_out: bool = JsonOpt,
     refresh: bool = RefreshOpt,
-    push_: bool = typer.Option(False, "--push", help="Push every image built; their digests go in the summary."),
+    push_: bool = typer.Option(False, "--push", help="Push every image built, with its SBOM and provenance "
+                               "attached; their digests go in the summary."),
+    sbom: Optional[Path] = typer.Option(None, "--sbom", help="Write each image's CycloneDX SBOM into DIR "
+                                        "(<tag>.cdx.json)."),
+    sign_key: Optional[Path] = typer.Option(None, "--sign-key", help="With --push: sign each pushed image with "
+                                            "this PEM EC P-256 key, in cosign's format."),
     contained: bool = ContainedOpt,
     strict: bool = StrictOpt,
 ) -> None:
@@ -82,8 +87,13 @@ def build_cmd(
     options = flags.options(tag, bases.get(None), platforms[0], warmup)
     for name in platforms[1:] if platforms[0] else ():
         flags.options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
+    if sign_key is not None and not push_:
+        raise typer.BadParameter("signing needs --push (a signature names the pushed digest)", param_hint="--sign-key")
     outcome = build.build(path, provider, tag, options, platforms, bases, ui, printing.failed, no_cache=no_cache,
-                          refresh=refresh, push=push_, contained=contained, strict=strict)
+                          refresh=refresh, push=push_, contained=contained, strict=strict, sign_key=sign_key)
+    if sbom is not None:
+        for written in build.write_sboms(outcome, sbom):
+            ui.info(f"wrote {written}")
     doc = build.summary(outcome)
     if json_out:
         print(json.dumps(doc.model_dump(mode="json"), indent=2))
@@ -152,19 +162,39 @@ def push_cmd(
     quiet: bool = QuietOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Push images with the credentials of your Docker config (docker login, credential helpers);
-    print each pushed digest (name@sha256:...)."""
-    from gpux_pack.registry.push import push
+    """Push images with the credentials of your Docker config (docker login, credential helpers),
+    with the SBOM and provenance their builds recorded attached (OCI referrers); print each pushed
+    digest (name@sha256:...)."""
+    from gpux_pack.commands import push
 
-    ui = Reporter(quiet=quiet or json_out)
-    client = engine.connect()
-    done = [push(client, ref, ui) for ref in images]
-    if json_out:
-        print(json.dumps({"images": [{"tag": p.tag, "digest": p.digest, "size_bytes": p.size,
-                                      "seconds": round(p.seconds, 2)} for p in done]}, indent=2))
-        return
-    for p in done:
-        print(f"pushed {p.digest}")
+    done = push.push_all(engine.connect(), images, Reporter(quiet=quiet or json_out))
+    print(json.dumps(push.summary(done), indent=2) if json_out else "\n".join(push.lines(done)))
+
+
+@app.command("sign")
+def sign_cmd(
+    image: str = typer.Argument(..., help="A pushed image (registry/name:tag or registry/name@sha256:...)."),
+    key: Path = typer.Option(..., "--key", help="A PEM EC P-256 private key (GPUX_SIGN_PASSWORD if encrypted)."),
+    quiet: bool = QuietOpt,
+) -> None:
+    """Sign a pushed image in cosign's key-based format (verifiable with `cosign verify --key`)."""
+    from gpux_pack.commands import sign
+
+    print(f"signed {sign.sign(engine.try_connect(), image, key, Reporter(quiet=quiet))}")
+
+
+@app.command("verify")
+def verify_cmd(
+    image: str = typer.Argument(..., help="A pushed image (registry/name:tag or registry/name@sha256:...)."),
+    key: Path = typer.Option(..., "--key", help="The PEM public key the image was signed with."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Check an image's signature (cosign's format), and that its SBOM and provenance are attached
+    and name it; exit 1 with one line naming what failed."""
+    from gpux_pack.commands import verify
+
+    done = verify.verify(engine.try_connect(), image, key)
+    print(json.dumps(done.__dict__, indent=2) if json_out else "\n".join(verify.lines(done)))
 
 
 @app.command("deploy")

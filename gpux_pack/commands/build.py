@@ -5,6 +5,8 @@ generated, not written."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +19,7 @@ from gpux_pack.errors import PackError, UsageError
 from gpux_pack.pipeline.build import Loaded, Made, build_each, check_tag, open_project
 from gpux_pack.pipeline import rebuild
 from gpux_pack.plan import Options
+from gpux_pack.registry import signatures
 from gpux_pack.ui import Reporter, built_line, escape
 from gpux_pack.wheels import ARCHES, lock_path
 
@@ -44,6 +47,11 @@ class ImageRow(_Model):
     cached_steps: int
     assembled: bool = Field(description="Made on the host and loaded (nothing ran), rather than built")
     digest: Optional[str] = Field(None, description="name@sha256:... when pushed (--push)")
+    sbom: Optional[str] = Field(None, description="The CycloneDX SBOM this build recorded (a file under the cache; "
+                                "--sbom DIR copies it there)")
+    attestations: Optional[dict[str, str]] = Field(None, description="When pushed: the SBOM's and the provenance's "
+                                                   "artifact manifests in the registry (name@sha256:...), both "
+                                                   "referring to `digest`")
     notes: list[str] = Field(default_factory=list, description="Warnings about gpux.yml: what was left out or not "
                              "acted on, where the graph overrules a declaration (file:line: field: text)")
 
@@ -116,9 +124,11 @@ class Outcome:
 def build(path: Path, provider: str | None, tag: str | None, options: Options, platforms: list[str | None],
           bases: dict[str | None, str], ui: Reporter, failed: Callable[[str, PackError], None], *,
           no_cache: bool = False, refresh: bool = False, push: bool = False, contained: bool = False,
-          strict: bool = False) -> Outcome:
-    """One image per provider and platform (bases: each platform's --base-image, None for all)."""
+          strict: bool = False, sign_key: Path | None = None) -> Outcome:
+    """One image per provider and platform (bases: each platform's --base-image, None for all);
+    sign_key (with push): each pushed manifest signed in cosign's format."""
     started = time.perf_counter()
+    key = signatures.load_private_key(sign_key) if sign_key else None  # a bad key is refused before anything runs
     loaded, decision, client = open_project(path, provider, tag, engine.connect, ui, contained, strict)
     check_tag(tag, decision.providers)
     if (options.warmup or loaded.project.config.pack.warmup) != "never":  # a baked warmup wants the host's device
@@ -127,7 +137,29 @@ def build(path: Path, provider: str | None, tag: str | None, options: Options, p
                     for p in platforms] if len(platforms) > 1 else [options]
     made, failures, indexes = build_each(loaded, decision, per_platform, client, ui, failed, no_cache,
                                                   refresh, push)
+    for subject in [m.pushed.digest for m in made if m.pushed] + [i.digest for _, i in indexes] if key else ():
+        ui.info(f"signing {subject}")
+        signatures.sign(client, *subject.split("@", 1), key)
     return Outcome(made, failures, indexes, time.perf_counter() - started, loaded, client)
+
+
+def write_sboms(outcome: Outcome, folder: Path) -> list[Path]:
+    """`build --sbom DIR`: each image's SBOM as DIR/<tag, made a file name>.cdx.json."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--sbom {folder}: cannot make the folder ({e.strerror or e})") from None
+    written = []
+    for made in outcome.made:
+        if made.sbom is None:
+            continue
+        target = folder / (re.sub(r"[^A-Za-z0-9._-]+", "_", made.built.tag or made.built.id) + ".cdx.json")
+        try:
+            shutil.copyfile(made.sbom, target)
+        except OSError as e:
+            raise UsageError(f"--sbom {folder}: cannot write {target.name} ({e.strerror or e})") from None
+        written.append(target)
+    return written
 
 
 def row(made: Made) -> dict[str, Any]:
@@ -152,6 +184,9 @@ def row(made: Made) -> dict[str, Any]:
         "cached_steps": built.cached_steps,
         "assembled": built.assembled,
         "digest": pushed.digest if pushed else None,
+        "sbom": str(made.sbom) if made.sbom else None,
+        "attestations": {"sbom": made.attached.sbom, "provenance": made.attached.provenance}
+        if made.attached else None,
         "notes": list(plan.notes),
     }
 
@@ -170,7 +205,8 @@ def summary_report(doc: BuildSummary) -> tuple[list[str], Any, list[str]]:
     """What `build` prints without --json: lines, a table (several images or a failure, else None),
     lines after it."""
     rows, failed = doc.images, doc.failed
-    pushed = [f"pushed {r.digest}" for r in rows if r.digest]
+    pushed = [f"pushed {r.digest}" + (" (with its SBOM and provenance)" if r.attestations else "")
+              for r in rows if r.digest]
     pushed += [f"pushed index {i.digest}  ({', '.join(m.platform for m in i.manifests)})" for i in doc.indexes]
     if len(rows) + len(failed) == 1 and rows:
         r = rows[0]

@@ -8,18 +8,40 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpux_pack.errors import PackError
+from gpux_pack.pipeline import attest
 from gpux_pack.plan import notes
-from gpux_pack.registry import remote
+from gpux_pack.registry import remote, signatures
 from gpux_pack.project.config import model_name
+from gpux_pack.reference import parse_reference
 from gpux_pack.project.load import load_project
 from gpux_pack.project.model import ModelInfo, inspect_model, reconcile
 
 
 def of_image(client: Any, image: str) -> dict[str, Any]:
-    """An image's gpux labels (on this engine, else in its registry)."""
+    """An image's gpux labels (on this engine, else in its registry), the SBOM its build recorded
+    here, and what its registry holds for it (SBOM, provenance, signatures)."""
     found = remote.read(client, image, built_by_us=False)
+    recorded = attest.folder_of(found.id) / attest.SBOM_FILE
+    attached: dict[str, Any] | None = None
+    pinned = found.pinned or _pushed_as(found, image)
+    if pinned:
+        repository, digest = pinned.split("@", 1)
+        try:
+            attached = signatures.attachments(client, repository, digest)
+        except PackError as e:  # the registry is out of reach: the rest is still worth showing
+            attached = {"error": str(e)}
     return {"image": image, "id": found.id, "size_bytes": found.size_bytes, "labels": found.shown,
-            "registry_digest": found.pinned}
+            "registry_digest": found.pinned, "sbom_recorded": str(recorded) if recorded.is_file() else None,
+            "attached": attached}
+
+
+def _pushed_as(found: Any, ref: str) -> str | None:
+    """A local image's digest in the repository its reference names, once pushed there (RepoDigests)."""
+    if found.image is None or "/" not in ref:
+        return None
+    repository = parse_reference(ref).repository_tag[0]
+    return next((d for d in found.image.attrs.get("RepoDigests") or () if d.startswith(f"{repository}@")), None)
 
 
 def of_path(path: Path) -> dict[str, Any]:
@@ -59,8 +81,17 @@ def lines(info: dict[str, Any]) -> list[str]:
     """The text `inspect` prints."""
     if "labels" in info:  # an image
         where = f" (in its registry, compressed: {info['registry_digest']})" if info["registry_digest"] else ""
-        return [f"{info['image']}  {info['id']}  {(info['size_bytes'] or 0) / 1e6:.0f} MB{where}",
-                *(f"  {key}: {value}" for key, value in info["labels"].items())]
+        out = [f"{info['image']}  {info['id']}  {(info['size_bytes'] or 0) / 1e6:.0f} MB{where}",
+               *(f"  {key}: {value}" for key, value in info["labels"].items())]
+        if info.get("sbom_recorded"):
+            out.append(f"sbom recorded: {info['sbom_recorded']}")
+        attached = info.get("attached")
+        if attached and "error" in attached:
+            out.append(f"attached: unknown ({attached['error']})")
+        elif attached:
+            out.append(f"attached: sbom {attached['sbom'] or 'none'}, provenance {attached['provenance'] or 'none'}, "
+                       f"{attached['signatures']} signature(s) (check them with `gpux-pack verify`)")
+        return out
     model, out = info["model"], []
     if "project" in info:
         p = info["project"]

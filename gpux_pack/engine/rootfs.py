@@ -20,7 +20,7 @@ import shutil
 import stat
 import struct
 import tarfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -39,6 +39,9 @@ _LIB = re.compile(r"\.so(\.[0-9][^/]*)?$")  # libfoo.so, libfoo.so.1, libfoo.so.
 _CONF = re.compile(r"^etc/ld\.so\.conf(\.d/[^/]+)?$")
 _PYTHON = re.compile(r"^(usr/(local/)?)?bin/python3(\.\d+)?$")
 _PYLIB = re.compile(r"^usr/(local/)?lib(64)?/python3\.\d+$")
+# what the SBOM reads: the package databases (Debian's, Alpine's) and the OS's name and version
+_PACKAGES = re.compile(r"^(var/lib/dpkg/status|lib/apk/db/installed|etc/os-release|usr/lib/os-release)$")
+FORMAT = "2"  # what an export keeps; a new format exports each base once more
 
 
 def inspect_base(client: Any, base: BaseImage, platform: str | None, python: str | None, pull: bool,
@@ -74,7 +77,7 @@ def export(client: Any, image: str, log: Callable[[str], None] | None = None) ->
         ) from None
     except Exception as e:
         raise DockerError(f"cannot inspect base image {image}: {short_error(e)}") from None
-    key = image_id.replace(":", "-")
+    key = f"{image_id.replace(':', '-')}-{FORMAT}"
     final = cache_dir() / "rootfs" / key
     if final.is_dir():
         touch(final)
@@ -155,7 +158,8 @@ def wanted(name: str, kind: str) -> bool:
         return True  # tiny, and any of them may lead to a library folder (/lib -> usr/lib)
     if kind == "dir":
         return bool(_PYLIB.match(name)) or name == "etc/ld.so.conf.d"
-    return bool(_LIB.search(name.rsplit("/", 1)[-1]) or _CONF.match(name) or _PYTHON.match(name))
+    return bool(_LIB.search(name.rsplit("/", 1)[-1]) or _CONF.match(name) or _PYTHON.match(name)
+                or _PACKAGES.match(name))
 
 
 def extract(tar: tarfile.TarFile, dest: Path) -> dict[str, int]:
@@ -428,3 +432,47 @@ def library_path(attrs: dict[str, Any]) -> list[str]:
         if item.startswith("LD_LIBRARY_PATH="):
             return [d for d in item.split("=", 1)[1].split(":") if d]
     return []
+
+
+@dataclass(frozen=True)
+class OsPackage:
+    """A package the base image's package manager installed."""
+
+    name: str
+    version: str
+    arch: str
+    manager: str  # deb | apk
+    maintainer: str = ""  # who supplies it (dpkg's Maintainer, apk's m:)
+
+
+def os_release(root: Path) -> dict[str, str]:
+    """/etc/os-release's fields (ID, VERSION_ID, PRETTY_NAME ...); empty when the image has none."""
+    for name in ("etc/os-release", "usr/lib/os-release"):
+        path = resolve_in(root, name)
+        if path is not None and path.is_file():
+            out = {}
+            for line in path.read_text(errors="replace").splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip().isidentifier():
+                    out[key.strip()] = value.strip().strip('"\'')
+            return out
+    return {}
+
+
+def os_packages(root: Path) -> list[OsPackage]:
+    """The installed packages of dpkg's status file or apk's database, sorted by name."""
+    out: list[OsPackage] = []
+    dpkg = resolve_in(root, "var/lib/dpkg/status")
+    if dpkg is not None and dpkg.is_file():
+        for stanza in dpkg.read_text(errors="replace").split("\n\n"):
+            fields = dict(re.findall(r"^([A-Za-z-]+): ?(.*)$", stanza, re.M))
+            if fields.get("Package") and "installed" in fields.get("Status", "").split():
+                out.append(OsPackage(fields["Package"], fields.get("Version", ""), fields.get("Architecture", ""),
+                                     "deb", fields.get("Maintainer", "").strip()))
+    apk = resolve_in(root, "lib/apk/db/installed")
+    if apk is not None and apk.is_file():
+        for stanza in apk.read_text(errors="replace").split("\n\n"):
+            fields = dict(line.split(":", 1) for line in stanza.splitlines() if len(line) > 2 and line[1] == ":")
+            if fields.get("P"):
+                out.append(OsPackage(fields["P"], fields.get("V", ""), fields.get("A", ""), "apk", fields.get("m", "")))
+    return sorted(out, key=lambda p: (p.name, p.version))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpux_pack import engine, providers, wheels
+from gpux_pack.pipeline import attest
 from gpux_pack.pipeline.bake import bake_image
 from gpux_pack.engine import rootfs
 from gpux_pack.errors import PackError, UsageError
@@ -56,6 +57,8 @@ class Made:
     prepared: Prepared
     built: BuiltImage
     pushed: Pushed | None
+    sbom: Path | None = None  # the SBOM this build recorded (pipeline/attest.py)
+    attached: attest.Attached | None = None  # what the push attached to the pushed manifest
 
 
 def load(path: Path, contained: bool = False, strict: bool = False) -> Loaded:
@@ -252,9 +255,15 @@ def build_each(loaded: Loaded, decision: providers.Decision, per_platform: list[
         try:
             done = []
             for options in per_platform:
+                started = attest.now()
                 prepared = prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
                 built = make(client, prepared, maker, ui, no_cache)
-                done.append(Made(prepared.plan, prepared, built, push(client, built.tag, ui) if push_ else None))
+                flags = {"warmup": options.warmup, "base_image": options.base_image, "no_cache": no_cache,
+                         "refresh": refresh, "push": push_}
+                document = attest.record(prepared.plan, built, started, flags)
+                pushed = push(client, built.tag, ui) if push_ else None
+                attached = attest.attach(client, pushed, built.id, ui) if pushed else None
+                done.append(Made(prepared.plan, prepared, built, pushed, document, attached))
             index_tag = done[0].plan.index_tag
             if index_tag:
                 members = [index.Member(m.plan.platform, m.pushed.digest.split("@", 1)[1]) for m in done if m.pushed]

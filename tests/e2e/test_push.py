@@ -91,6 +91,192 @@ def pushed(registry, tmp_path_factory, docker_client):
     docker_client.images.remove(tag, force=True)
 
 
+def test_the_sbom_lists_every_package_the_image_holds(pushed, docker_client, tmp_path):
+    """The SBOM the build recorded, against `docker save` of the image: every dist-info in its
+    site-packages and every package dpkg says is installed appear, and the document is valid
+    CycloneDX 1.6."""
+    import io
+    import re
+    import tarfile
+
+    from packaging.utils import canonicalize_name
+
+    from gpux_pack.image import sbom
+    from gpux_pack.pipeline import attest
+
+    tag, _ = pushed
+    image = docker_client.images.get(tag)
+    doc = json.loads((attest.folder_of(image.id) / attest.SBOM_FILE).read_bytes())
+    assert sbom.validate(doc) is None
+    purls = {c.get("purl", "").split("?")[0] for c in doc["components"]}
+    dists, status = set(), ""
+    with tarfile.open(fileobj=io.BytesIO(b"".join(image.save())), mode="r:") as saved:
+        for member in saved:
+            if not member.name.endswith(("layer.tar", ".tar")) and "blobs/sha256/" not in member.name:
+                continue
+            try:
+                layer = tarfile.open(fileobj=saved.extractfile(member), mode="r:*")
+            except (tarfile.TarError, AttributeError):
+                continue
+            for entry in layer:
+                name = entry.name.removeprefix("./")
+                m = re.match(r"^opt/gpux/site-packages/([^/]+)-([^-/]+)\.dist-info$", name)
+                if m and entry.isdir():
+                    dists.add((canonicalize_name(m.group(1)), m.group(2)))
+                if name == "var/lib/dpkg/status" and entry.isfile():  # the last layer's copy counts
+                    status = layer.extractfile(entry).read().decode()
+    assert dists and status
+    for name, version in dists:
+        assert f"pkg:pypi/{name}@{version}" in purls, (name, version)
+    installed = [dict(re.findall(r"^([A-Za-z-]+): ?(.*)$", stanza, re.M)) for stanza in status.split("\n\n")]
+    debs = [(f["Package"], f["Version"]) for f in installed if "installed" in f.get("Status", "").split()]
+    assert len(debs) > 50
+    names = {(c["name"], c["version"]) for c in doc["components"] if c.get("purl", "").startswith("pkg:deb/")}
+    assert set(debs) == names
+
+
+def test_the_registry_serves_the_sbom_and_provenance_as_referrers_of_the_digest(pushed, registry, docker_client):
+    """An independent client (plain HTTP against the registry API): the referrers tag schema's
+    index of the pushed digest lists the SBOM and the provenance; each names the image as its
+    subject; the provenance's subject digest is the pushed digest (Distribution 2.8 has no
+    referrers API: 404)."""
+    import requests
+
+    from gpux_pack.pipeline import attest
+
+    tag, digest = pushed
+    repository, sha = digest.split("@")
+    path = repository.split("/", 1)[1]
+    auth = (USER, PASSWORD)
+    base = f"http://{registry}/v2/{path}"
+    assert requests.get(f"{base}/referrers/{sha}", auth=auth, timeout=10).status_code == 404
+    index = requests.get(f"{base}/manifests/{sha.replace(':', '-')}", auth=auth, timeout=10,
+                         headers={"Accept": "application/vnd.oci.image.index.v1+json"}).json()
+    kinds = {d["artifactType"]: d for d in index["manifests"]}
+    assert set(kinds) == {"application/vnd.cyclonedx+json", "application/vnd.in-toto+json"}
+    documents = {}
+    for artifact_type, descriptor in kinds.items():
+        manifest = requests.get(f"{base}/manifests/{descriptor['digest']}", auth=auth, timeout=10,
+                                headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
+        assert "sha256:" + __import__("hashlib").sha256(manifest.content).hexdigest() == descriptor["digest"]
+        body = manifest.json()
+        assert body["artifactType"] == artifact_type and body["subject"]["digest"] == sha
+        documents[artifact_type] = requests.get(f"{base}/blobs/{body['layers'][0]['digest']}", auth=auth,
+                                                timeout=10).content
+    statement = json.loads(documents["application/vnd.in-toto+json"])
+    assert statement["subject"] == [{"name": repository, "digest": {"sha256": sha.split(":")[1]}}]
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    image_id = docker_client.images.get(tag).id
+    assert documents["application/vnd.cyclonedx+json"] == (attest.folder_of(image_id) / attest.SBOM_FILE).read_bytes()
+
+
+def _key_pair(folder: Path, name: str) -> tuple[Path, Path, object]:
+    """A P-256 key pair as openssl writes it: key.pem (PKCS#8), key.pub (PKIX)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public, key.public_key()
+
+
+def _cosign_verify(registry: str, repository_path: str, digest: str, public_key) -> bool:
+    """cosign's key-based verification, written here from its specification (sigstore/cosign
+    specs/SIGNATURE_SPEC.md), not with gpux-pack's code: the manifest tagged sha256-<hex>.sig,
+    each simplesigning layer's payload verified (ECDSA P-256, SHA-256, base64 DER in the
+    dev.cosignproject.cosign/signature annotation), and the payload naming this digest."""
+    import base64 as b64
+
+    import requests
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    base = f"http://{registry}/v2/{repository_path}"
+    auth = (USER, PASSWORD)
+    response = requests.get(f"{base}/manifests/{digest.replace(':', '-')}.sig", auth=auth, timeout=10,
+                            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
+    if response.status_code != 200:
+        return False
+    for layer in response.json()["layers"]:
+        if layer["mediaType"] != "application/vnd.dev.cosign.simplesigning.v1+json":
+            continue
+        payload = requests.get(f"{base}/blobs/{layer['digest']}", auth=auth, timeout=10).content
+        try:
+            public_key.verify(b64.b64decode(layer["annotations"]["dev.cosignproject.cosign/signature"]), payload,
+                              ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            continue
+        critical = json.loads(payload)["critical"]
+        if critical["type"] == "cosign container image signature" and \
+                critical["image"]["docker-manifest-digest"] == digest:
+            return True
+    return False
+
+
+def test_a_signature_verifies_with_cosign_s_scheme_and_a_forgery_does_not(pushed, registry, tmp_path, docker_client):
+    """`gpux-pack sign` with a test key: an implementation of cosign's verification from its
+    specification accepts it, and so does `gpux-pack verify`; a signature of another digest, a
+    tampered payload and a wrong key each fail `gpux-pack verify` with one line, exit 1."""
+    import requests
+
+    tag, digest = pushed
+    env = _docker_config(tmp_path, registry, PASSWORD)
+    private, public, public_key = _key_pair(tmp_path, "test")
+    _, other_public, other_key = _key_pair(tmp_path, "other")
+    repository, sha = digest.split("@")
+    path = repository.split("/", 1)[1]
+    proc = run_cli("sign", tag, "--key", str(private), env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"signed {digest}", proc.stderr[-2000:]
+    assert _cosign_verify(registry, path, sha, public_key) and not _cosign_verify(registry, path, sha, other_key)
+    ok = run_cli("verify", digest, "--key", str(public), "--json", env=env)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads(ok.stdout)["subject"] == digest and json.loads(ok.stdout)["signatures"] == 1
+    shown = json.loads(run_cli("inspect", tag, "--json", env=env).stdout)
+    assert shown["attached"]["signatures"] == 1 and shown["attached"]["sbom"] and shown["attached"]["provenance"]
+    assert shown["sbom_recorded"].endswith("sbom.cdx.json")
+
+    def refused(ref: str, key: Path) -> str:
+        proc = run_cli("verify", ref, "--key", str(key), env=env)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-2000:]
+        return errors[0]
+
+    assert "not signed with this key (a signature does not verify with this key)" in refused(digest, other_public)
+    # the signature of this digest, copied under another manifest's .sig tag (the SBOM artifact's,
+    # in the same repository): it names another digest
+    auth = (USER, PASSWORD)
+    base = f"http://{registry}/v2/{path}"
+    signed = requests.get(f"{base}/manifests/{sha.replace(':', '-')}.sig", auth=auth, timeout=10,
+                          headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
+    index = requests.get(f"{base}/manifests/{sha.replace(':', '-')}", auth=auth, timeout=10,
+                         headers={"Accept": "application/vnd.oci.image.index.v1+json"}).json()
+    other_sha = index["manifests"][0]["digest"]
+    other_digest = f"{repository}@{other_sha}"
+    put = requests.put(f"{base}/manifests/{other_sha.replace(':', '-')}.sig", data=signed.content, auth=auth,
+                       headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, timeout=10)
+    assert put.status_code == 201, put.text
+    assert f"a signature is of {sha}, not of {other_sha}" in refused(other_digest, public)
+    # a tampered payload: the same signature annotation over other bytes
+    manifest = signed.json()
+    payload = json.loads(requests.get(f"{base}/blobs/{manifest['layers'][0]['digest']}", auth=auth, timeout=10).content)
+    payload["optional"] = {"tampered": True}
+    data = json.dumps(payload).encode()
+    blob_digest = "sha256:" + __import__("hashlib").sha256(data).hexdigest()
+    upload = requests.post(f"{base}/blobs/uploads/", auth=auth, timeout=10)
+    location = upload.headers["Location"]
+    location = location if "://" in location else f"http://{registry}{location}"
+    assert requests.put(f"{location}&digest={blob_digest}", data=data, auth=auth, timeout=10).status_code == 201
+    manifest["layers"][0].update(digest=blob_digest, size=len(data))
+    requests.put(f"{base}/manifests/{sha.replace(':', '-')}.sig", data=json.dumps(manifest), auth=auth, timeout=10,
+                 headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    assert "not signed with this key (a signature does not verify with this key)" in refused(digest, public)
+
+
 def _compose_schema(tmp_path: Path) -> dict:
     """The compose-spec JSON Schema, as docker-compose 1.29.2 ships it (read from its wheel)."""
     import sys

@@ -343,7 +343,8 @@ def test_export_of_the_debian_base(docker_client, cache):
     root = rootfs.export(_Spy(docker_client, create), BASE_IMAGE)
     seconds = time.monotonic() - started
     image = docker_client.images.get(BASE_IMAGE)
-    assert root == cache / "rootfs" / image.id.replace(":", "-")
+    assert root == cache / "rootfs" / f"{image.id.replace(':', '-')}-{rootfs.FORMAT}"
+    assert rootfs.os_packages(root) and rootfs.os_release(root).get("ID") == "debian"  # what the SBOM reads
     assert len(created) == 1 and created[0][1]["labels"] == engine.container_labels("export")
     assert created[0][1]["labels"][ROLE] == "export"
     assert created[0][1]["entrypoint"] == ["/nonexistent"] and created[0][1]["network_disabled"] is True
@@ -544,7 +545,8 @@ def test_concurrent_exports_share_one_complete_tree(docker_client, cache):
     import docker
     from concurrent.futures import ThreadPoolExecutor
 
-    stale = cache / "rootfs" / f".{docker_client.images.get(BASE_IMAGE).id.replace(':', '-')}.999999999.x.tmp"
+    key = f"{docker_client.images.get(BASE_IMAGE).id.replace(':', '-')}-{rootfs.FORMAT}"
+    stale = cache / "rootfs" / f".{key}.999999999.x.tmp"
     stale.mkdir(parents=True)  # left by a build that was killed
     before = _ours(docker_client)
     with ThreadPoolExecutor(2) as pool:

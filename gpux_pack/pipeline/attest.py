@@ -1,0 +1,86 @@
+"""What a build records of each image for a security team, and what a push attaches to it.
+
+Every build writes the image's SBOM (image/sbom.py) and its provenance predicate
+(image/provenance.py) under the cache, by image id (`attestations/<id>/`), so that a later
+`gpux-pack push` of the same image attaches them too. A push attaches both to the pushed
+manifest in its registry as OCI artifacts (registry/referrers.py): the SBOM as it is, the
+provenance as an in-toto Statement whose subject is that manifest's digest."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpux_pack import staging
+from gpux_pack.image import provenance, sbom
+from gpux_pack.image.builder import BuiltImage
+from gpux_pack.plan import Plan
+from gpux_pack.registry import referrers
+from gpux_pack.registry.push import Pushed
+from gpux_pack.timestamps import created_now
+from gpux_pack.ui import Reporter
+
+SBOM_FILE = "sbom.cdx.json"
+PREDICATE_FILE = "provenance-predicate.json"
+
+
+@dataclass(frozen=True)
+class Attached:
+    """What a push attached to one manifest: the artifacts' manifest digests."""
+
+    subject: str  # repo@sha256:...
+    sbom: str
+    provenance: str
+
+
+def folder_of(image_id: str) -> Path:
+    return staging.cache_dir() / "attestations" / image_id.replace(":", "-")
+
+
+def now() -> str:
+    """RFC 3339 UTC; SOURCE_DATE_EPOCH's instant when it is set (reproducible documents)."""
+    return created_now()
+
+
+def record(plan: Plan, built: BuiltImage, started: str, flags: dict[str, Any]) -> Path:
+    """Write the image's SBOM and provenance predicate under the cache; the SBOM's path."""
+    folder = folder_of(built.id)
+    folder.mkdir(parents=True, exist_ok=True)
+    staging.write_bytes(folder / SBOM_FILE, sbom.document(plan, built.id))
+    predicate = provenance.predicate(plan, started, now(), flags)
+    staging.write_text(folder / PREDICATE_FILE, json.dumps(predicate, sort_keys=True, indent=1) + "\n")
+    return folder / SBOM_FILE
+
+
+def recorded(image_id: str) -> tuple[bytes, dict[str, Any]] | None:
+    """The SBOM and provenance predicate a build recorded for this image, if any."""
+    folder = folder_of(image_id)
+    try:
+        return (folder / SBOM_FILE).read_bytes(), json.loads((folder / PREDICATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def attach(client: Any, pushed: Pushed, image_id: str, ui: Reporter) -> Attached | None:
+    """Attach the recorded SBOM and provenance to the pushed manifest; None (and a warning) when
+    this machine's builds recorded none for the image."""
+    found = recorded(image_id)
+    if found is None:
+        ui.warn(f"{pushed.tag}: no SBOM or provenance recorded for image {image_id[:19]} (built by another "
+                "machine, or by gpux-pack before 0.33): pushed without them")
+        return None
+    document, predicate = found
+    repository, digest = pushed.digest.split("@", 1)
+    statement = provenance.statement([(repository, digest)], predicate)
+    created = predicate["runDetails"]["metadata"]["finishedOn"]
+    ui.info(f"attaching the SBOM and provenance to {pushed.digest}")
+    sbom_digest, provenance_digest = referrers.attach(client, repository, digest, [
+        referrers.Artifact(sbom.MEDIA_TYPE, document, {"dev.gpux.kind": "sbom",
+                                                       "org.opencontainers.image.created": created}),
+        referrers.Artifact(provenance.MEDIA_TYPE, statement, {"dev.gpux.kind": "provenance",
+                                                              "org.opencontainers.image.created": created,
+                                                              "in-toto.io/predicate-type": provenance.PREDICATE}),
+    ])
+    return Attached(pushed.digest, f"{repository}@{sbom_digest}", f"{repository}@{provenance_digest}")

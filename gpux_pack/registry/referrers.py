@@ -1,0 +1,150 @@
+"""Documents attached to an image in its registry as OCI 1.1 artifacts (image-spec 1.1,
+distribution-spec 1.1): each an image manifest whose `artifactType` says what it is, whose one
+layer is the document, whose config is the empty descriptor and whose `subject` is the image's
+manifest. Clients find them through the referrers API (GET /v2/<name>/referrers/<digest>), or,
+on a registry without it (Distribution 2.8), through the referrers tag schema: an image index
+tagged `sha256-<hex>` of the subject, listing them; gpux-pack keeps that index current."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpux_pack.errors import DockerError
+from gpux_pack.registry.index import INDEX, MANIFESTS, Registry
+
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+EMPTY = b"{}"  # the OCI empty descriptor's content
+EMPTY_MEDIA = "application/vnd.oci.empty.v1+json"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One document to attach: its artifactType (the layer's media type too) and bytes."""
+
+    artifact_type: str
+    data: bytes
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def _digest(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def tag_of(digest: str) -> str:
+    """The referrers tag schema's tag of a subject digest: sha256-<hex>."""
+    algorithm, _, hex_ = digest.partition(":")
+    return f"{algorithm}-{hex_}"
+
+
+def attach(client: Any, repository: str, subject: str, artifacts: list[Artifact]) -> list[str]:
+    """Push each artifact as a manifest whose subject is `subject` (a manifest digest of
+    `repository`), and list them under the subject's referrers tag; the artifact manifests'
+    digests, in order."""
+    registry = Registry(client, repository)
+    descriptor = _subject(registry, subject)
+    upload(registry, EMPTY)
+    added = []
+    for artifact in artifacts:
+        layer = upload(registry, artifact.data)
+        manifest = {
+            "schemaVersion": 2, "mediaType": MANIFEST, "artifactType": artifact.artifact_type,
+            "config": {"mediaType": EMPTY_MEDIA, "digest": _digest(EMPTY), "size": len(EMPTY)},
+            "layers": [{"mediaType": artifact.artifact_type, "digest": layer, "size": len(artifact.data)}],
+            "subject": descriptor,
+            **({"annotations": dict(sorted(artifact.annotations.items()))} if artifact.annotations else {}),
+        }
+        body = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+        digest = _digest(body)
+        response = registry.request("PUT", f"manifests/{digest}", data=body, headers={"Content-Type": MANIFEST})
+        registry.check(response, f"{artifact.artifact_type} for {repository}@{subject}")
+        added.append({"mediaType": MANIFEST, "digest": digest, "size": len(body),
+                      "artifactType": artifact.artifact_type,
+                      **({"annotations": manifest["annotations"]} if artifact.annotations else {})})
+    if not _has_referrers_api(registry, subject):
+        _update_tag_index(registry, subject, added)
+    return [a["digest"] for a in added]
+
+
+def referrers(client: Any, repository: str, subject: str) -> list[dict[str, Any]]:
+    """The descriptors of the artifacts that refer to `subject`: the referrers API where the
+    registry has it, else the tag schema's index (empty when there is none)."""
+    registry = Registry(client, repository, actions="pull")
+    response = registry.request("GET", f"referrers/{subject}", headers={"Accept": INDEX})
+    if response.status_code == 200 and response.headers.get("Content-Type", "").startswith(INDEX):
+        return list(response.json().get("manifests") or [])
+    try:
+        return list(registry.manifest(tag_of(subject)).body.get("manifests") or [])
+    except KeyError:
+        return []
+
+
+def fetch(client: Any, repository: str, descriptor: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """An artifact's manifest and its one layer's bytes, each checked against its digest."""
+    registry = Registry(client, repository, actions="pull")
+    response = registry.request("GET", f"manifests/{descriptor['digest']}", headers={"Accept": MANIFEST})
+    registry.check(response, f"artifact {repository}@{descriptor['digest']}")
+    if _digest(response.content) != descriptor["digest"]:
+        raise DockerError(f"registry {registry.name} returned other bytes for {repository}@{descriptor['digest']}")
+    manifest = json.loads(response.content)
+    layers = manifest.get("layers") or []
+    if len(layers) != 1:
+        raise DockerError(f"{repository}@{descriptor['digest']} has {len(layers)} layers; an attached document has one")
+    return manifest, registry.blob(layers[0]["digest"])
+
+
+def _subject(registry: Registry, digest: str) -> dict[str, Any]:
+    response = registry.request("GET", f"manifests/{digest}", headers={"Accept": ", ".join(MANIFESTS + (INDEX,))})
+    registry.check(response, f"manifest {registry.repository}@{digest}")
+    if _digest(response.content) != digest:
+        raise DockerError(f"registry {registry.name} returned other bytes for {registry.repository}@{digest}")
+    media = json.loads(response.content).get("mediaType") or response.headers.get("Content-Type", "").split(";")[0]
+    return {"mediaType": media, "digest": digest, "size": len(response.content)}
+
+
+def upload(registry: Registry, data: bytes) -> str:
+    """A blob, pushed unless the registry has it (one monolithic upload): its digest."""
+    digest = _digest(data)
+    if registry.request("HEAD", f"blobs/{digest}").status_code == 200:
+        return digest
+    started = registry.request("POST", "blobs/uploads/")
+    registry.check(started, f"blob upload to {registry.repository}")
+    location = started.headers.get("Location", "")
+    if not location:
+        raise DockerError(f"registry {registry.name} started an upload without a Location")
+    if location.startswith("/v2/"):
+        location = location[len(f"/v2/{registry.path}/"):]
+    elif "://" in location:
+        location = location.split(f"/v2/{registry.path}/", 1)[-1]
+    joiner = "&" if "?" in location else "?"
+    done = registry.request("PUT", f"{location}{joiner}digest={digest}", data=data,
+                            headers={"Content-Type": "application/octet-stream"})
+    registry.check(done, f"blob {digest} to {registry.repository}")
+    return digest
+
+
+def _has_referrers_api(registry: Registry, subject: str) -> bool:
+    response = registry.request("GET", f"referrers/{subject}", headers={"Accept": INDEX})
+    return response.status_code == 200 and response.headers.get("Content-Type", "").startswith(INDEX)
+
+
+def _update_tag_index(registry: Registry, subject: str, added: list[dict[str, Any]]) -> None:
+    """The referrers tag schema: the subject's sha256-<hex> index, with the new artifacts (one
+    entry per digest; an older entry of the same artifactType and gpux kind is replaced)."""
+    tag = tag_of(subject)
+    try:
+        current = list(registry.manifest(tag).body.get("manifests") or [])
+    except KeyError:
+        current = []
+
+    def kind(d: dict[str, Any]) -> tuple[Any, Any]:
+        return d.get("artifactType"), (d.get("annotations") or {}).get("dev.gpux.kind")
+
+    replaced = {kind(a) for a in added if kind(a)[1]}
+    kept = [d for d in current if kind(d) not in replaced and d["digest"] not in {a["digest"] for a in added}]
+    index = {"schemaVersion": 2, "mediaType": INDEX, "manifests": kept + added}
+    body = json.dumps(index, separators=(",", ":"), sort_keys=True).encode()
+    response = registry.request("PUT", f"manifests/{tag}", data=body, headers={"Content-Type": INDEX})
+    registry.check(response, f"referrers index {registry.repository}:{tag}")
