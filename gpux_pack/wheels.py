@@ -478,7 +478,9 @@ TRIM_DIRS = ("bin", "onnxruntime/tools", "onnxruntime/transformers", "onnxruntim
 TRIM_NAMES = ("tests", "__pycache__")
 TRIM_FILES = (".lock",)  # uv's lock file of the --target folder
 UNLINKED = ("onnxruntime/capi/libonnxruntime.so.*",)  # the C API library: Python uses the pybind module
-INSTALL_FORMAT = "4"  # bump when the trimming or layout changes: a new cache key (3: .pyc name the image's path, 4: the runtime's too)
+INSTALL_FORMAT = "5"  # bump when the trimming or layout changes: a new cache key (3: .pyc name the image's path,
+# 4: the runtime's too, 5: no install-host facts in dist-info: the same lock installs the same bytes anywhere)
+HOST_FACTS = ("direct_url.json", "uv_cache.json")  # a dist-info's record of where this host's wheel and uv cache were
 
 
 @dataclass(frozen=True)
@@ -554,11 +556,30 @@ def _trim(site: Path) -> list[str]:
         if (site / rel).is_file():
             (site / rel).unlink()
             removed.append(rel)
+    for info in sorted(site.glob("*.dist-info")):
+        removed += _without_host_facts(site, info)
     for path in sorted(site.rglob("*"), reverse=True):
         if path.is_dir() and path.name in TRIM_NAMES:
             shutil.rmtree(path)
             removed.append(str(path.relative_to(site)))
     removed += _unlinked_libraries(site)
+    return removed
+
+
+def _without_host_facts(site: Path, info: Path) -> list[str]:
+    """Remove what an install records of this host (PEP 610's direct_url.json names the wheel's
+    path here, uv_cache.json its cache's times) and their lines in RECORD: they made two
+    installs of one lock differ, and leaked the build host's paths into the image."""
+    removed = []
+    for name in HOST_FACTS:
+        if (info / name).is_file():
+            (info / name).unlink()
+            removed.append(str((info / name).relative_to(site)))
+    record = info / "RECORD"
+    if removed and record.is_file():
+        gone = {f"{info.name}/{name}" for name in HOST_FACTS}
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(line for line in lines if line.split(",", 1)[0] not in gone))
     return removed
 
 

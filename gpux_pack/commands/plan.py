@@ -4,10 +4,11 @@ building nothing."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from gpux_pack import engine, wheels
+from gpux_pack import __version__, engine, wheels
 from gpux_pack.pipeline import build
 from gpux_pack.plan import Options, preprocessing
 from gpux_pack.ui import Reporter
@@ -36,6 +37,7 @@ def plans(path: Path, provider: str | None, tag: str | None, options: Options, o
                            "inspected": plan.base.probed, "interpreter": plan.runtime_base.config.python},
             "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
             "preprocessing": _preprocessing(plan),
+            "digest_depends_on": _depends_on(plan),
             "runtime_base": {"tag": plan.runtime_base.tag, "present": plan.runtime_base_present},
             "onnxruntime": lock.version_of(plan.provider.ort),
             "lock": pins,
@@ -57,6 +59,7 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"  tag           {r['tag']}")
         out.append(f"  base image    {base['image']} ({facts}{'' if base['inspected'] else '; assumed, not inspected'})")
         out.append(f"  warmup        {r['warmup']}   link check: {r['link_check']}")
+        out.append(f"  digest        depends on {', '.join(r['digest_depends_on'])}")
         steps = r["preprocessing"] or {}
         if "text" in steps:
             t = steps["text"]
@@ -90,3 +93,12 @@ def _preprocessing(plan: Any) -> dict[str, Any] | None:
     if steps and "text" in steps:
         steps["text"]["tokenizer"] = plan.signature.text.tokenizer.shown()
     return steps
+
+
+def _depends_on(plan: Any) -> list[str]:
+    """What the image's digest is a function of: the same of each gives the same digest."""
+    when = ("SOURCE_DATE_EPOCH" if os.environ.get("SOURCE_DATE_EPOCH")
+            else "the build time (set SOURCE_DATE_EPOCH for a reproducible digest)")
+    base = f"the base image's id ({plan.base.id[:19]})" if plan.base.id else "the base image's id"
+    return ["gpux.yml's values", "the model's bytes", *(["the preprocessing files"] if plan.assets else []),
+            base, "the lock (each wheel's version and hash)", f"gpux-pack {__version__}", when]

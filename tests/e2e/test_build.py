@@ -360,3 +360,26 @@ def test_label_values_are_one_rule_built_and_rendered(tmp_path, docker_client, t
                                      "zwsp-bom", "ends", "quoted")} == {
         "newline": "a b", "crlf": "a b", "tab": "a b", "tab-only": "", "vt-ff": "a b c", "nel": "a b",
         "ls-ps": "a b c", "rlo": "a b", "zwsp-bom": "a b c", "ends": "a", "quoted": 'say "hi" \\ $HOME ${X}'}
+
+
+def test_source_date_epoch_and_emptied_caches_give_the_same_image_and_sbom(docker_client, tags, tmp_path):
+    """Reproducible: two builds of examples/mlp with SOURCE_DATE_EPOCH set, each with an empty
+    gpux-pack cache (lock, wheels, install, base export) and its runtime base image made afresh,
+    give the same image id (its config digest: config and every layer) and the same SBOM bytes."""
+    from pathlib import Path
+
+    tag = tags("repro:1")
+    ids, sboms = [], []
+    for i in range(2):
+        env = {"SOURCE_DATE_EPOCH": "1700000000", "GPUX_PACK_CACHE_DIR": str(tmp_path / f"cache{i}")}
+        plan = json.loads(run_cli("plan", str(EXAMPLES / "mlp"), "--provider", "cpu", "--base-image", BASE_IMAGE,
+                                  "--json", env=env).stdout)["plans"][0]
+        docker_client.images.remove(plan["runtime_base"]["tag"], force=True)  # untagged: made again
+        proc = run_cli("build", str(EXAMPLES / "mlp"), "--provider", "cpu", "--base-image", BASE_IMAGE,
+                       "--tag", tag, "--json", env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        image = json.loads(proc.stdout)["images"][0]
+        assert image["runtime_base_built"] is True
+        ids.append(image["id"])
+        sboms.append(Path(image["sbom"]).read_bytes())
+    assert ids[0] == ids[1] and sboms[0] == sboms[1]

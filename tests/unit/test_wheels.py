@@ -83,3 +83,21 @@ def test_bytecode_is_the_same_whichever_folder_it_was_compiled_in(tmp_path):
         wheels._compile(site.parent)
         made.append(next(site.rglob("*.pyc")).read_bytes())
     assert made[0] == made[1] and SITE.encode() in made[0]
+
+
+def test_an_install_keeps_no_fact_of_the_host(tmp_path):
+    """direct_url.json (the wheel's path here) and uv_cache.json go, and RECORD forgets them."""
+    from gpux_pack import wheels
+
+    info = tmp_path / "demo-1.0.dist-info"
+    info.mkdir()
+    (info / "direct_url.json").write_text('{"url": "file:///home/someone/.cache/gpux-pack/wheels/demo.whl"}')
+    (info / "uv_cache.json").write_text('{"timestamp": 1}')
+    (info / "METADATA").write_text("Name: demo\n")
+    (info / "RECORD").write_text("demo-1.0.dist-info/METADATA,sha256=x,10\ndemo-1.0.dist-info/direct_url.json,,\n"
+                                 "demo-1.0.dist-info/uv_cache.json,,\ndemo/__init__.py,sha256=y,0\n")
+    removed = wheels._trim(tmp_path)
+    assert sorted(p for p in removed if "dist-info" in p) == ["demo-1.0.dist-info/direct_url.json",
+                                                              "demo-1.0.dist-info/uv_cache.json"]
+    assert sorted(p.name for p in info.iterdir()) == ["METADATA", "RECORD"]
+    assert (info / "RECORD").read_text() == "demo-1.0.dist-info/METADATA,sha256=x,10\ndemo/__init__.py,sha256=y,0\n"
