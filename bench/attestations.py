@@ -7,9 +7,9 @@ offline base with the cpu provider:
   build      `gpux-pack build` end to end (its runtime base present), median of --rounds, and the
              part of it spent recording the SBOM and provenance (attest.record, timed in process
              on the same plan, median of --rounds);
-  push       `gpux-pack push` to a Distribution 2.8 registry started here on 127.0.0.1 (a fresh
-             repository each round: every layer is sent), and the part spent attaching the SBOM
-             and provenance (referrers.attach), and `gpux-pack sign` on its own;
+  push       the push to a Distribution 2.8 registry started here on 127.0.0.1 (a fresh, empty
+             registry each round: every layer is sent), the part spent attaching the SBOM and
+             provenance (referrers.attach), and a signature (signatures.sign) on its own;
   sizes      the SBOM's and the provenance statement's bytes.
 Writes bench/results-attestations.json and prints a Markdown table. A measurement, never a timed test.
 """
@@ -57,6 +57,7 @@ def registry(root: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    root.mkdir(parents=True, exist_ok=True)
     (root / "config.yml").write_text(f"version: 0.1\nlog: {{level: warn}}\nstorage: {{filesystem: {{rootdirectory: "
                                      f"{root / 'data'}}}}}\nhttp: {{addr: '127.0.0.1:{port}'}}\n")
     proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
@@ -92,7 +93,8 @@ def measure(name: str, project: Path, rounds: int, address: str, key) -> dict:
         records.append(time.perf_counter() - started)
     pushes, attaches, signs = [], [], []
     for i in range(rounds):
-        round_tag = f"{address}/bench-{name}-{i}/model:1"
+        fresh, round_address = registry(Path(tempfile.mkdtemp()) / "registry")  # empty: every layer is sent
+        round_tag = f"{round_address}/bench-{name}-{i}/model:1"
         image.tag(round_tag)
         started = time.perf_counter()
         pushed = push(client, round_tag, ui)
@@ -109,6 +111,7 @@ def measure(name: str, project: Path, rounds: int, address: str, key) -> dict:
         signatures.sign(client, repository, digest, key)
         signs.append(time.perf_counter() - started)
         client.images.remove(round_tag)
+        fresh.terminate()
     document, predicate = attest.recorded(image.id)
     med = statistics.median
     return {"model_mb": round(plan.model.size_bytes / 1e6, 1), "build_s": round(med(builds), 3),
