@@ -32,7 +32,7 @@ from gpux_pack.providers import (CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, De
 from gpux_pack.reference import parse_reference
 from gpux_pack.timestamps import created_now
 from gpux_pack.runtime import caches
-from gpux_pack.runtime.paths import APP_DIR, ASSETS, CACHE_DIR, CACHE_PLACEHOLDER, SITE
+from gpux_pack.runtime.paths import APP_DIR, ASSETS, CACHE_DIR, CACHE_PLACEHOLDER, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, SITE
 from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
 # seconds a container has to load and warm up before failed health checks count (Docker's
@@ -48,7 +48,8 @@ TEXT_REQUIREMENTS = ("tokenizers>=0.15",)  # with a tokenizer: Hugging Face's Ru
 # tokenizers declares huggingface-hub (and its hf-xet, httpx, fsspec, tqdm, pyyaml ...) for
 # Tokenizer.from_pretrained, which the image never calls: its tokenizer.json is baked at build
 TEXT_EXCLUDES = ("huggingface-hub",)
-IMAGE_REQUIREMENTS = ("pillow>=10",)  # with image preprocessing: decoding (JPEG, PNG, WebP ...) and resizing
+IMAGE_REQUIREMENTS = ("pillow>=10",)
+MODEL_SIGNATURE_REQUIREMENTS = ("cryptography>=42",)  # a signed model: the image checks its ECDSA signature  # with image preprocessing: decoding (JPEG, PNG, WebP ...) and resizing
 UID = 10001  # the image's user: numeric, so it works on any base and needs no useradd
 USER = f"{UID}:{UID}"
 DEFAULT_TAG = "{name}:{version}-{provider}"
@@ -116,6 +117,7 @@ class Options:
     warmup: str | None = None  # the setting asked for: auto | always | never (the plan's warmup is its mode)
     host: HostInfo | None = None  # the Docker host's devices, when known: a baked warmup needs the accelerator
     multi_platform: bool = False  # one of several platforms joined by an index under the tag
+    sign_model: Path | None = None  # build --sign-model KEY: the model files signed (OpenSSF model signing)
 
 
 def options(tag: str | None, base_image: str | None, platform: str | None, warmup: str | None) -> Options:
@@ -220,6 +222,8 @@ class Plan:
     lock: Lock | None = None  # set by with_lock, once the wheels are resolved for target
     runtime_base_present: bool = False  # the engine has the runtime base image: only the model is made
     externalize: bool = False  # the image keeps the model's large inline weights in a data file: see externalize
+    sign_model: Path | None = None  # the key that signs the model files at build (the image then carries the bundle)
+    signature_files: tuple[tuple[str, bytes], ...] = ()  # (name, bytes) under assets/: the bundle and public key
 
     @property
     def model_files(self) -> tuple[str, ...]:
@@ -251,7 +255,9 @@ class Plan:
         grpc = GRPC_REQUIREMENTS if self.config.serving.grpc_port else ()
         text = TEXT_REQUIREMENTS if self.signature.text else ()
         image = IMAGE_REQUIREMENTS if self.signature.image else ()
-        return (*self.provider.requirements(self.nvidia_libs), *grpc, *text, *image, *self.config.pack.requirements)
+        signed = MODEL_SIGNATURE_REQUIREMENTS if self.sign_model else ()
+        return (*self.provider.requirements(self.nvidia_libs), *grpc, *text, *image, *signed,
+                *self.config.pack.requirements)
 
     @property
     def excludes(self) -> tuple[str, ...]:
@@ -362,6 +368,7 @@ def make_plan(
         nvidia_libs=cfg.pack.nvidia_libs or base.nvidia_libs,
         link_check=link_check_mode(cfg.pack.link_check, base),
         externalize=externalize(cfg.pack.weights, model),
+        sign_model=options.sign_model,
     )
 
 
@@ -641,6 +648,9 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
         "outputs": [t.to_json() for t in plan.signature.outputs],
         # what the image does to a request before the graph sees it (project/preprocess.py)
         "preprocessing": preprocessing(plan.signature),
+        # OpenSSF model signing: the bundle and the public key under assets/; verify: before loading
+        "model_signature": {"bundle": f"{ASSETS}/{MODEL_SIGNATURE}", "public_key": f"{ASSETS}/{MODEL_PUBLIC_KEY}",
+                            "verify": cfg.pack.verify_model} if plan.sign_model else None,
         "provider": provider.name,
         "execution_providers": plan.session_options,
         # the provider table's names, for GPUX_PROVIDERS, and the EPs that run on the CPU's cores

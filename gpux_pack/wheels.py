@@ -478,8 +478,9 @@ TRIM_DIRS = ("bin", "onnxruntime/tools", "onnxruntime/transformers", "onnxruntim
 TRIM_NAMES = ("tests", "__pycache__")
 TRIM_FILES = (".lock",)  # uv's lock file of the --target folder
 UNLINKED = ("onnxruntime/capi/libonnxruntime.so.*",)  # the C API library: Python uses the pybind module
-INSTALL_FORMAT = "5"  # bump when the trimming or layout changes: a new cache key (3: .pyc name the image's path,
-# 4: the runtime's too, 5: no install-host facts in dist-info: the same lock installs the same bytes anywhere)
+INSTALL_FORMAT = "6"  # bump when the trimming or layout changes: a new cache key (3: .pyc name the image's path,
+# 4: the runtime's too, 5: no install-host facts in dist-info: the same lock installs the same bytes anywhere,
+# 6: byte-code compiled in a Python of its own)
 HOST_FACTS = ("direct_url.json", "uv_cache.json")  # a dist-info's record of where this host's wheel and uv cache were
 
 
@@ -607,25 +608,40 @@ def bytecode(sources: list[Path], image_dir: str) -> list[tuple[str, bytes]]:
     """(__pycache__/NAME.cpython-XY.pyc, bytes) for sources that land in image_dir, compiled as
     site-packages are (_compile): without them a read-only image compiles every runtime module
     at each start (about 60 ms). Only valid where the host's Python minor is the image's."""
-    import py_compile
     import tempfile
 
-    out = []
     with tempfile.TemporaryDirectory(prefix="gpux-pyc-") as tmp:
-        for src in sources:
-            cfile = Path(tmp) / f"{src.stem}.pyc"
-            py_compile.compile(str(src), cfile=str(cfile), dfile=f"{image_dir}/{src.name}", doraise=True,
-                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-            out.append((f"__pycache__/{src.stem}.{sys.implementation.cache_tag}.pyc", cfile.read_bytes()))
-    return out
+        jobs = [(str(src), str(Path(tmp) / f"{src.stem}.pyc"), f"{image_dir}/{src.name}") for src in sources]
+        _fresh_python(_COMPILE_FILES, json.dumps(jobs))
+        return [(f"__pycache__/{src.stem}.{sys.implementation.cache_tag}.pyc", Path(cfile).read_bytes())
+                for src, (_, cfile, _) in zip(sources, jobs)]
+
+
+# Compiled in a Python of its own: marshal marks an object shared when its reference count is
+# above one, so the same source compiled in a process that imported other modules (a build
+# that ran the runtime, a test) gave other bytes: a runtime base image of the same tag, unlike.
+_COMPILE_FILES = """
+import json, py_compile, sys
+for src, cfile, dfile in json.loads(sys.stdin.read()):
+    py_compile.compile(src, cfile=cfile, dfile=dfile, doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+"""
+_COMPILE_TREE = """
+import compileall, py_compile, sys
+site, ddir = sys.stdin.read().split("\\n")
+compileall.compile_dir(site, quiet=2, workers=1, ddir=ddir,
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+"""
+
+
+def _fresh_python(script: str, stdin: str) -> None:
+    proc = subprocess.run([sys.executable, "-I", "-c", script], input=stdin, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise WheelError(f"compiling byte-code failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
 
 
 def _compile(site: Path) -> None:
-    """Bytecode with hash-based invalidation: the same bytes on every host (a reproducible
-    layer) and no source stat at import in a read-only image."""
-    import compileall
-    import py_compile
-
-    ok = compileall.compile_dir(str(site), quiet=2, workers=0, ddir=SITE,  # not the staging folder's name
-                                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    del ok  # False when a package ships templates named .py: those simply stay uncompiled
+    """Bytecode with hash-based invalidation, compiled in a Python of its own: the same bytes on
+    every host (a reproducible layer) and no source stat at import in a read-only image. A
+    package's templates named .py simply stay uncompiled."""
+    _fresh_python(_COMPILE_TREE, f"{site}\n{SITE}")  # ddir: the image's path, not the staging folder's

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 import signal
 import sys
 import threading
@@ -76,6 +77,9 @@ def build_cmd(
                                         "(<tag>.cdx.json)."),
     sign_key: Optional[Path] = typer.Option(None, "--sign-key", help="With --push: sign each pushed image with "
                                             "this PEM EC P-256 key, in cosign's format."),
+    sign_model: Optional[Path] = typer.Option(None, "--sign-model", help="Sign the model files with this PEM EC "
+                                              "P-256 key (OpenSSF model signing); the image can check them "
+                                              "before loading (pack.verify_model, GPUX_VERIFY_MODEL=1)."),
     contained: bool = ContainedOpt,
     strict: bool = StrictOpt,
 ) -> None:
@@ -84,7 +88,7 @@ def build_cmd(
 
     ui = Reporter(quiet=quiet)  # logs go to stderr in every mode; --json owns stdout
     platforms, bases = build.platforms(platform, base_image, push_)
-    options = flags.options(tag, bases.get(None), platforms[0], warmup)
+    options = replace(flags.options(tag, bases.get(None), platforms[0], warmup), sign_model=sign_model)
     for name in platforms[1:] if platforms[0] else ():
         flags.options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
     if sign_key is not None and not push_:

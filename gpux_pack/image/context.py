@@ -84,10 +84,11 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> C
     ]
     if installed is not None:
         entries += _runtime_base_entries(installed)
-    if plan.assets:  # the tokenizer.json, read (checked) once: the context holds its bytes
+    if plan.assets or plan.signature_files:  # the tokenizer.json (read, checked, once), the model's signature
         lands = LAYERS["assets"].lands
-        entries.append(layer(LAYERS["assets"], [_file(f"{lands}/{name}", data=read_tokenizer(plan.signature.text))
-                                                for name, _ in plan.assets]))
+        files = [_file(f"{lands}/{name}", data=read_tokenizer(plan.signature.text)) for name, _ in plan.assets]
+        files += [_file(f"{lands}/{name}", data=data) for name, data in plan.signature_files]
+        entries.append(layer(LAYERS["assets"], sorted(files, key=lambda m: m.name)))
     entries.append(layer(LAYERS["model"], model_members(plan)))
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
 

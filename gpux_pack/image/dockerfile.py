@@ -180,7 +180,7 @@ def dockerfile(plan: Plan, part: str = "model") -> str:
         host_check=plan.link_check == "host",
         ports=plan.ports,
         labels=plan.labels,
-        assets=bool(plan.assets),
+        assets=bool(plan.assets or plan.signature_files),
     )
 
 

@@ -20,6 +20,7 @@ from gpux_pack.engine import rootfs
 from gpux_pack.errors import PackError, UsageError
 from gpux_pack.image.context import Context, model_context, runtime_base_context
 from gpux_pack.image.dockerfile import dockerfile, runtime_base_dockerfile
+from gpux_pack.image import model_signature
 from gpux_pack.image.maker import Maker, OncePerTag, choose, model_recipe, runtime_base_recipe
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.install import install
@@ -199,6 +200,9 @@ def prepare(
                   None if self_contained else client)
     if plan.externalize:
         ui.info(weights_note(plan.model.files[0], plan.model.inline_weights))
+    if plan.sign_model is not None:  # the model files as the image holds them, signed (OpenSSF model signing)
+        ui.info(f"signing the model files with {plan.sign_model}")
+        plan = replace(plan, signature_files=model_signature.sign(plan, plan.sign_model))
     text = plan.signature.text
     if text is not None and text.tokenizer.path is None:  # neither the project nor the Hugging Face cache has it
         ui.info(f"downloading tokenizer.json of {text.tokenizer.repo} from the Hugging Face Hub")

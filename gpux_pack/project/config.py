@@ -475,6 +475,11 @@ class PackSection(_Section):
         False, description="Refuse keys and values gpux-pack cannot act on (unknown keys, tensor types that are no "
         "element type, another OS's backend); by default each is a warning and left out, as GPUX accepts them",
     )
+    verify_model: bool = Field(
+        False, description="With a model signed at build (build --sign-model KEY): the image checks the signature "
+        "and every model file's sha256 before loading, and refuses to start on any difference (GPUX_VERIFY_MODEL=1 "
+        "asks the same of any image)",
+    )
     device_id: int = Field(0, ge=0, le=1023, description="GPU the CUDA/TensorRT/ROCm/MIGraphX provider uses")
     provider_options: dict[str, dict[str, Union[str, int, float, bool]]] = Field(
         {}, description="Extra ONNX Runtime provider options, by provider (cuda: {cudnn_conv_algo_search: HEURISTIC})"

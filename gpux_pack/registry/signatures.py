@@ -17,16 +17,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gpux_pack.errors import DockerError, PackError, UsageError
+from gpux_pack.keys import load_private_key, load_public_key  # noqa: F401 (sign and verify read keys here)
 from gpux_pack.registry import referrers
 from gpux_pack.registry.index import Registry
 from gpux_pack.registry.referrers import MANIFEST, tag_of, upload
@@ -43,39 +42,6 @@ class VerifyError(PackError):
 
 def _digest(data: bytes) -> str:
     return f"sha256:{hashlib.sha256(data).hexdigest()}"
-
-
-def load_private_key(path: Path) -> Any:
-    """An EC P-256 private key from a PEM file; a UsageError naming the file otherwise."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"--key {path}: cannot read ({e.strerror or e})") from None
-    if b"ENCRYPTED COSIGN PRIVATE KEY" in data or b"ENCRYPTED SIGSTORE PRIVATE KEY" in data:
-        raise UsageError(f"--key {path}: cosign's encrypted key format is not read; give a PEM EC P-256 key "
-                         "(openssl ecparam -name prime256v1 -genkey -noout -out key.pem)")
-    password = os.environ.get("GPUX_SIGN_PASSWORD") or os.environ.get("COSIGN_PASSWORD")
-    try:
-        key = serialization.load_pem_private_key(data, password.encode() if password else None)
-    except TypeError:
-        raise UsageError(f"--key {path}: the key is encrypted; set GPUX_SIGN_PASSWORD (or COSIGN_PASSWORD)") from None
-    except ValueError as e:
-        raise UsageError(f"--key {path}: not a PEM private key ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
-        raise UsageError(f"--key {path}: an ECDSA P-256 key is needed (cosign's scheme)")
-    return key
-
-
-def load_public_key(path: Path) -> Any:
-    try:
-        key = serialization.load_pem_public_key(path.read_bytes())
-    except OSError as e:
-        raise UsageError(f"--key {path}: cannot read ({e.strerror or e})") from None
-    except ValueError as e:
-        raise UsageError(f"--key {path}: not a PEM public key ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(key, ec.EllipticCurvePublicKey):
-        raise UsageError(f"--key {path}: an ECDSA public key is needed (cosign's scheme)")
-    return key
 
 
 def payload(repository: str, digest: str) -> bytes:

@@ -8,3 +8,5 @@ BAKED_DIR = f"{APP_DIR}/warm"  # caches `gpux-pack warmup` bakes into the image 
 FALLBACK_CACHE_DIR = "/tmp/gpux-cache"  # when GPUX_CACHE_DIR cannot be written (read-only root, no volume)
 CACHE_PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's cache folder, put in at start
 ASSETS = "assets"  # files preprocessing reads (a tokenizer.json), in APP_DIR: gpux.json names them from there
+MODEL_SIGNATURE = "model.sig"  # in ASSETS: the model files' OpenSSF model-signing bundle (build --sign-model)
+MODEL_PUBLIC_KEY = "model.pub"  # in ASSETS: the key that bundle verifies with

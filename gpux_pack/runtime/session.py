@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import caches
+from . import caches, model_check
 from .devices import cpu_vendor, no_device
 from .dtypes import BINARY_ONLY
 from .settings import Settings, StartupError
@@ -85,6 +85,9 @@ class Model:
 
         spec = settings.spec
         original = settings.root / spec["model"]["path"]
+        if model_check.wanted(spec, settings.verify_model):  # a changed model never loads
+            checked = model_check.verify(spec, settings.root, original.parent, settings.model_public_key)
+            log.info("model signature verified (%d file%s)", checked, "" if checked == 1 else "s")
         requested = [name for name, _ in settings.providers]
         _prepare_libraries(requested)
         plugin = Plugin.find(spec.get("plugin"), requested[0], settings.threads)

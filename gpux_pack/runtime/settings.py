@@ -76,6 +76,8 @@ class Settings:
     max_header_bytes: int = 64 * 1024  # a request's line and headers; beyond: 431 and closed
     read_timeout: float = 15.0  # headers not complete, or a body silent, this long: the connection is closed
     max_image_pixels: int = 40_000_000  # an image with more (width x height) is refused (413) before it is decoded
+    verify_model: bool | None = None  # GPUX_VERIFY_MODEL: check the model's signature first (None: gpux.json says)
+    model_public_key: Path | None = None  # GPUX_MODEL_PUBLIC_KEY: the key to check it with instead of the image's
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, limits: Any = None) -> "Settings":
@@ -101,6 +103,8 @@ class Settings:
         max_header = _whole(env, "GPUX_MAX_HEADER_BYTES", 1024, 1 << 24, "a whole number of bytes from 1024 to 16777216")
         read_timeout = _seconds(env, "GPUX_READ_TIMEOUT")
         max_pixels = _whole(env, "GPUX_MAX_IMAGE_PIXELS", 1, 1 << 32, "a positive whole number of pixels")
+        verify_model = _flag(env, "GPUX_VERIFY_MODEL") if env.get("GPUX_VERIFY_MODEL", "").strip() else None
+        public_key = Path(env["GPUX_MODEL_PUBLIC_KEY"]) if env.get("GPUX_MODEL_PUBLIC_KEY") else None
         path, spec = _read_config(env)
         wanted = _provider_names(env, spec.get("provider_names") or {"cpu": "CPUExecutionProvider"})
 
@@ -141,6 +145,8 @@ class Settings:
             grpc_port=int(serving["grpc_port"]) if serving.get("grpc_port") else None,
             max_header_bytes=max_header or 64 * 1024,
             max_image_pixels=max_pixels or 40_000_000,
+            verify_model=verify_model,
+            model_public_key=public_key,
             read_timeout=read_timeout or 15.0,
         )
 

@@ -383,3 +383,62 @@ def test_source_date_epoch_and_emptied_caches_give_the_same_image_and_sbom(docke
         ids.append(image["id"])
         sboms.append(Path(image["sbom"]).read_bytes())
     assert ids[0] == ids[1] and sboms[0] == sboms[1]
+
+
+def test_a_signed_model_verifies_with_model_signing_and_a_changed_one_never_serves(docker_client, tags, tmp_path):
+    """build --sign-model: model-signing's own CLI verifies the bundle the image carries for the
+    model folder the image carries; the image (pack.verify_model) checks it and serves; an image
+    derived from it with one model byte changed exits at start with one line and never serves."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    (tmp_path / "key.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    project = copy_example("mlp", tmp_path)
+    with open(project / "gpux.yml", "a") as f:
+        f.write("\npack:\n  verify_model: true\n")
+    image = build_image(project, tags("signed:1"), "--provider", "cpu", "--sign-model", str(tmp_path / "key.pem"))
+    container = docker_client.containers.create(image["tag"])
+    try:
+        out = tmp_path / "from-image"
+        for folder in ("/opt/gpux/model", "/opt/gpux/assets"):
+            stream, _ = container.get_archive(folder)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                tar.extractall(out, filter="data")
+    finally:
+        container.remove(force=True)
+    cli = Path(sys.executable).parent / "model_signing"
+    verified = subprocess.run([str(cli), "verify", "key", str(out / "model"), "--signature",
+                               str(out / "assets" / "model.sig"), "--public_key", str(tmp_path / "key.pub")],
+                              capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0 and "Verification succeeded" in verified.stdout + verified.stderr, verified
+    with serve(image["tag"], read_only=True, tmpfs={"/tmp": ""}) as server:
+        assert server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}).status_code == 200
+    context = tmp_path / "altered"
+    context.mkdir()
+    data = bytearray((out / "model" / "model.onnx").read_bytes())
+    data[-1] ^= 1
+    (context / "model.onnx").write_bytes(bytes(data))
+    (context / "Dockerfile").write_text(f"FROM {image['tag']}\nCOPY model.onnx /opt/gpux/model/model.onnx\n")
+    altered, _ = docker_client.images.build(path=str(context), tag=tags("signed:altered"), rm=True)
+    try:
+        run = docker_client.containers.run(altered.id, detach=True, read_only=True, tmpfs={"/tmp": ""},
+                                           labels={"io.gpux.pack.role": "test"})
+        try:
+            code = run.wait(timeout=120)["StatusCode"]
+            logs = run.logs().decode(errors="replace")
+        finally:
+            run.remove(force=True)
+        failures = [line for line in logs.splitlines() if "model verification failed" in line]
+        assert code != 0 and len(failures) == 1 and "model.onnx changed since it was signed" in failures[0], logs
+        assert "Traceback" not in logs
+    finally:
+        shutil.rmtree(context, ignore_errors=True)

@@ -137,3 +137,65 @@ def test_build_sbom_dir_is_a_usage_error_when_it_cannot_be_made(tmp_path):
         build_cmd.write_sboms(outcome, blocker / "sub")
     shutil.rmtree(tmp_path / "file", ignore_errors=True)
     assert Path(tmp_path).is_dir()
+
+
+def _key(tmp_path: Path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = tmp_path / "model.key", tmp_path / "model.pub.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def test_a_signed_model_is_checked_before_it_loads_and_a_changed_byte_refuses_to_start(tmp_path):
+    from gpux_pack.image import model_signature
+    from gpux_pack.runtime.session import Model
+    from gpux_pack.runtime.settings import StartupError
+    from tests.in_process import settings
+
+    private, public = _key(tmp_path)
+    loaded = build.load(ROOT / "examples" / "mlp")
+    plan = build.plan_for(loaded, "cpu", "test", Options(sign_model=private), None, Reporter(quiet=True), pull=False)
+    files = dict(model_signature.sign(plan, private))
+    assert plan.gpux_json["model_signature"] == {"bundle": "assets/model.sig", "public_key": "assets/model.pub",
+                                                 "verify": False}
+    assert "cryptography>=42" in plan.requirements
+    image = tmp_path / "image"
+    (image / "model").mkdir(parents=True)
+    (image / "assets").mkdir()
+    shutil.copy(ROOT / "examples/mlp/model.onnx", image / "model" / "model.onnx")
+    for name, data in files.items():
+        (image / "assets" / name).write_bytes(data)
+    (image / "gpux.json").write_text(json.dumps(plan.gpux_json))
+    Model.load(settings(image, GPUX_VERIFY_MODEL="1"), warm_up=False)  # verifies
+    # model-signing's own verifier accepts the bundle for the model folder
+    from model_signing import verifying
+
+    verifying.Config().use_elliptic_key_verifier(public_key=public).verify(image / "model", image / "assets/model.sig")
+    data = bytearray((image / "model/model.onnx").read_bytes())
+    data[-1] ^= 1
+    (image / "model/model.onnx").write_bytes(bytes(data))
+    with pytest.raises(StartupError, match=r"^model verification failed: model.onnx changed since it was signed"):
+        Model.load(settings(image, GPUX_VERIFY_MODEL="1"), warm_up=False)
+    Model.load(settings(image), warm_up=False)  # not asked (pack.verify_model false): it loads
+    (image / "model/extra.bin").write_bytes(b"x")
+    with pytest.raises(StartupError, match=r"the model folder differs from what was signed \(not signed: extra.bin\)"):
+        Model.load(settings(image, GPUX_VERIFY_MODEL="1"), warm_up=False)
+    _, other = _key(tmp_path / "other") if (tmp_path / "other").mkdir() is None else (None, None)
+    with pytest.raises(StartupError, match=r"the model signature does not verify with model.pub.pem"):
+        Model.load(settings(image, GPUX_VERIFY_MODEL="1", GPUX_MODEL_PUBLIC_KEY=str(other)), warm_up=False)
+
+
+def test_verify_model_without_a_signature_refuses_to_start(tmp_path):
+    from gpux_pack.runtime.session import Model
+    from gpux_pack.runtime.settings import StartupError
+    from tests.in_process import settings, spec_dir
+
+    folder = spec_dir(tmp_path, "mlp")
+    with pytest.raises(StartupError, match=r"^GPUX_VERIFY_MODEL=1, but this image carries no model signature"):
+        Model.load(settings(folder, GPUX_VERIFY_MODEL="1"), warm_up=False)

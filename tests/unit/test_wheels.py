@@ -101,3 +101,24 @@ def test_an_install_keeps_no_fact_of_the_host(tmp_path):
                                                               "demo-1.0.dist-info/uv_cache.json"]
     assert sorted(p.name for p in info.iterdir()) == ["METADATA", "RECORD"]
     assert (info / "RECORD").read_text() == "demo-1.0.dist-info/METADATA,sha256=x,10\ndemo/__init__.py,sha256=y,0\n"
+
+
+def test_runtime_byte_code_does_not_depend_on_what_the_building_process_imported():
+    """marshal's bytes depended on reference counts: this process (which imported the runtime and
+    half of PyPI) and a bare one must compile the runtime to the same .pyc bytes."""
+    import subprocess
+    import sys
+
+    import gpux_pack.runtime.server  # noqa: F401 (its constants now referenced here too)
+    from gpux_pack.sources import runtime_files
+    from gpux_pack.wheels import bytecode
+
+    here = bytecode(runtime_files(), "/opt/gpux/runtime/gpux_runtime")
+    script = ("import hashlib, json; from gpux_pack.sources import runtime_files; from gpux_pack.wheels import bytecode; "
+              "print(json.dumps([(n, hashlib.sha256(d).hexdigest()) for n, d in "
+              "bytecode(runtime_files(), '/opt/gpux/runtime/gpux_runtime')]))")
+    bare = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    import hashlib
+    import json
+
+    assert json.loads(bare) == [[n, hashlib.sha256(d).hexdigest()] for n, d in here]
