@@ -194,13 +194,7 @@ def test_an_unreachable_hub_is_one_line_saying_where_to_put_the_file(tmp_path, m
 def _image_client(tmp_path: Path, **make) -> Client:
     from tests import image_project
 
-    project = image_project.make(tmp_path / "project", **make)
-    plan = _plan(project)
-    folder = tmp_path / "image"
-    (folder / "model").mkdir(parents=True)
-    shutil.copy(project / "model.onnx", folder / "model" / "model.onnx")
-    (folder / "gpux.json").write_text(json.dumps(plan.gpux_json))
-    return _client(folder)
+    return _client(_image_folder(tmp_path, image_project.make(tmp_path / "project", **make)))
 
 
 @pytest.fixture(scope="module")
@@ -362,13 +356,7 @@ def whisper(tmp_path_factory) -> Client:
     from tests import audio_project
 
     tmp = tmp_path_factory.mktemp("audio")
-    project = audio_project.make(tmp / "project")
-    plan = _plan(project)
-    folder = tmp / "image"
-    (folder / "model").mkdir(parents=True)
-    shutil.copy(project / "model.onnx", folder / "model" / "model.onnx")
-    (folder / "gpux.json").write_text(json.dumps(plan.gpux_json))
-    return _client(folder)
+    return _client(_image_folder(tmp, audio_project.make(tmp / "project")))
 
 
 def _seen(answer: dict) -> np.ndarray:
@@ -480,12 +468,7 @@ def test_token_inputs_named_otherwise_are_fed_by_their_role(tmp_path):
 def test_preprocessed_requests_batch_like_tensor_requests(tmp_path):
     from tests import image_project
 
-    project = image_project.make(tmp_path / "p", extra="serving:\n  batch_size: 8\n")
-    plan = _plan(project)
-    folder = tmp_path / "image"
-    (folder / "model").mkdir(parents=True)
-    shutil.copy(project / "model.onnx", folder / "model" / "model.onnx")
-    (folder / "gpux.json").write_text(json.dumps(plan.gpux_json))
+    folder = _image_folder(tmp_path, image_project.make(tmp_path / "p", extra="serving:\n  batch_size: 8\n"))
     app = App(Model.load(settings(folder), warm_up=False))
     assert app.batchable  # the graph's input (fed by the image step) has a dynamic batch dimension
 
