@@ -478,9 +478,9 @@ TRIM_DIRS = ("bin", "onnxruntime/tools", "onnxruntime/transformers", "onnxruntim
 TRIM_NAMES = ("tests", "__pycache__")
 TRIM_FILES = (".lock",)  # uv's lock file of the --target folder
 UNLINKED = ("onnxruntime/capi/libonnxruntime.so.*",)  # the C API library: Python uses the pybind module
-INSTALL_FORMAT = "6"  # bump when the trimming or layout changes: a new cache key (3: .pyc name the image's path,
+INSTALL_FORMAT = "7"  # bump when the trimming or layout changes: a new cache key (3: .pyc name the image's path,
 # 4: the runtime's too, 5: no install-host facts in dist-info: the same lock installs the same bytes anywhere,
-# 6: byte-code compiled in a Python of its own)
+# 6: byte-code compiled in a Python of its own, 7: RECORD lists only what the image holds)
 HOST_FACTS = ("direct_url.json", "uv_cache.json")  # a dist-info's record of where this host's wheel and uv cache were
 
 
@@ -564,7 +564,22 @@ def _trim(site: Path) -> list[str]:
             shutil.rmtree(path)
             removed.append(str(path.relative_to(site)))
     removed += _unlinked_libraries(site)
+    for info in sorted(site.glob("*.dist-info")):
+        _record_what_is_there(site, info)
     return removed
+
+
+def _record_what_is_there(site: Path, info: Path) -> None:
+    """RECORD without the files trimming removed: console scripts in bin/ carry the install's
+    interpreter path in their first line, so their hashes named the host's cache folder."""
+    record = info / "RECORD"
+    if not record.is_file():
+        return
+    lines = record.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if not line.strip() or (site / line.split(",", 1)[0]).exists()
+            or line.split(",", 1)[0] == f"{info.name}/RECORD"]
+    if kept != lines:
+        record.write_text("".join(kept))
 
 
 def _without_host_facts(site: Path, info: Path) -> list[str]:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import tarfile
 
+import docker
 import numpy as np
 import onnx
 import pytest
@@ -369,19 +370,25 @@ def test_source_date_epoch_and_emptied_caches_give_the_same_image_and_sbom(docke
     from pathlib import Path
 
     tag = tags("repro:1")
+    base = tags("repro-base:1")  # the base under a name of its own: a runtime base image of its own to remove
+    docker_client.images.get(BASE_IMAGE).tag(base)
     ids, sboms = [], []
     for i in range(2):
         env = {"SOURCE_DATE_EPOCH": "1700000000", "GPUX_PACK_CACHE_DIR": str(tmp_path / f"cache{i}")}
-        plan = json.loads(run_cli("plan", str(EXAMPLES / "mlp"), "--provider", "cpu", "--base-image", BASE_IMAGE,
+        plan = json.loads(run_cli("plan", str(EXAMPLES / "mlp"), "--provider", "cpu", "--base-image", base,
                                   "--json", env=env).stdout)["plans"][0]
-        docker_client.images.remove(plan["runtime_base"]["tag"], force=True)  # untagged: made again
-        proc = run_cli("build", str(EXAMPLES / "mlp"), "--provider", "cpu", "--base-image", BASE_IMAGE,
+        try:
+            docker_client.images.remove(plan["runtime_base"]["tag"], force=True)  # made again below
+        except docker.errors.ImageNotFound:
+            pass
+        proc = run_cli("build", str(EXAMPLES / "mlp"), "--provider", "cpu", "--base-image", base,
                        "--tag", tag, "--json", env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         image = json.loads(proc.stdout)["images"][0]
         assert image["runtime_base_built"] is True
         ids.append(image["id"])
         sboms.append(Path(image["sbom"]).read_bytes())
+    docker_client.images.remove(plan["runtime_base"]["tag"], force=True)  # this test's own runtime base
     assert ids[0] == ids[1] and sboms[0] == sboms[1]
 
 

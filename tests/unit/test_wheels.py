@@ -95,12 +95,18 @@ def test_an_install_keeps_no_fact_of_the_host(tmp_path):
     (info / "uv_cache.json").write_text('{"timestamp": 1}')
     (info / "METADATA").write_text("Name: demo\n")
     (info / "RECORD").write_text("demo-1.0.dist-info/METADATA,sha256=x,10\ndemo-1.0.dist-info/direct_url.json,,\n"
-                                 "demo-1.0.dist-info/uv_cache.json,,\ndemo/__init__.py,sha256=y,0\n")
+                                 "demo-1.0.dist-info/uv_cache.json,,\ndemo/__init__.py,sha256=y,0\n"
+                                 "bin/demo,sha256=z,300\ndemo-1.0.dist-info/RECORD,,\n")
+    (tmp_path / "bin").mkdir()  # a console script: its first line names this host's interpreter
+    (tmp_path / "bin" / "demo").write_text("#!/home/someone/.cache/gpux-pack/python\n")
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "__init__.py").write_text("")
     removed = wheels._trim(tmp_path)
     assert sorted(p for p in removed if "dist-info" in p) == ["demo-1.0.dist-info/direct_url.json",
                                                               "demo-1.0.dist-info/uv_cache.json"]
     assert sorted(p.name for p in info.iterdir()) == ["METADATA", "RECORD"]
-    assert (info / "RECORD").read_text() == "demo-1.0.dist-info/METADATA,sha256=x,10\ndemo/__init__.py,sha256=y,0\n"
+    assert (info / "RECORD").read_text() == ("demo-1.0.dist-info/METADATA,sha256=x,10\ndemo/__init__.py,sha256=y,0\n"
+                                             "demo-1.0.dist-info/RECORD,,\n")  # bin/ is trimmed: no line for it
 
 
 def test_runtime_byte_code_does_not_depend_on_what_the_building_process_imported():
