@@ -539,7 +539,9 @@ def _uv_install(wheelhouse: Wheelhouse, site: Path) -> None:
         find_uv_bin(), "pip", "install", "--target", str(site), "--requirement", str(req),
         "--python-version", wheelhouse.lock.target.python, "--python-platform", wheelhouse.lock.target.uv_platform,
         "--no-index", "--no-deps", "--require-hashes", "--link-mode", "copy", "--no-compile-bytecode",
-        "--no-config", "--quiet",
+        # --no-cache: uv would keep an unpacked copy of every wheel, keyed by its path here, that
+        # no later install reads (the install is cached by the lock): 35 GB of them on our build host
+        "--no-config", "--quiet", "--no-cache",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -72,7 +72,10 @@ def tags(docker_client):
         return tag
 
     yield make
-    for tag in made:
+    # every image named under this run's prefix, whatever tag a test gave it (name:1, name:arm64)
+    prefix = f"gpux-test-{RUN_ID}/"
+    ours = {t for image in docker_client.images.list() for t in image.tags if t.startswith(prefix)}
+    for tag in sorted(ours | {t if ":" in t.rsplit("/", 1)[-1] else f"{t}:latest" for t in made}):
         try:
             docker_client.images.remove(tag, force=True)
         except Exception:

@@ -210,9 +210,11 @@ def test_build_push_json_replays_and_pushes_only_the_new_weights(registry, tmp_p
     project = copy_example("mlp", tmp_path)
     tag = f"{registry}/team/replayed:1"
     args = ("build", str(project), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json")
+    made = []
     try:
         first = run_cli(*args, env=env)
         assert first.returncode == 0, first.stderr[-2000:]
+        made.append(docker_client.images.get(tag).id)  # untagged by the second build, removed below
         model = onnx.load(str(project / "model.onnx"))
         init = model.graph.initializer[-1]
         init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
@@ -227,7 +229,8 @@ def test_build_push_json_replays_and_pushes_only_the_new_weights(registry, tmp_p
         assert manifest.status_code == 200, manifest.text
         assert "layer already exists" in second.stderr, second.stderr[-2000:]  # all but the model layer
     finally:
-        try:
-            docker_client.images.remove(tag, force=True)
-        except Exception:
-            pass
+        for ref in (tag, *made):
+            try:
+                docker_client.images.remove(ref, force=True)
+            except Exception:
+                pass
