@@ -9,7 +9,8 @@ from typing import Any
 from gpux_pack import engine, providers
 from gpux_pack.engine import image_labels
 from gpux_pack.errors import UsageError
-from gpux_pack.pipeline.bake import bake_image
+from gpux_pack.pipeline import attest
+from gpux_pack.pipeline.bake import bake_image, cache_of
 from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
 
@@ -27,13 +28,17 @@ def warmup(client: Any, image: str, pull: str, tag: str | None, gpus: str | None
     engine.ensure_image(client, image, pull, ui.info)
     row = providers.PROVIDERS.get(image_labels.read(client, image).provider)
     devices = providers.devices_for(row, gpus, device)
+    parent = client.images.get(image).id
     baked = bake_image(client, image, ui, tag=tag, devices=devices, export=export, timeout=timeout)
+    cache = cache_of(client, baked)
+    sbom = attest.record_warmed(parent, baked.id, cache) if cache and baked.id else None
     state = baked.state
     return {
         "image": image, "tag": baked.tag, "id": baked.id, "exported": str(baked.exported) if baked.exported else None,
         "key": baked.key, "short": baked.short, "cache": state.get("cache"), "assembled": baked.assembled,
         "device": (baked.record.get("parts") or {}).get("device"), "warmup_seconds": state.get("seconds"),
         "partition": state.get("partition"), "accuracy": state.get("accuracy"), "seconds": round(baked.seconds, 2),
+        "sbom": str(sbom) if sbom else None,
     }
 
 

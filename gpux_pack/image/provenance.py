@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from gpux_pack import __version__, wheels
+from gpux_pack.image.sbom import CompiledCache
 from gpux_pack.plan import Plan
 
 STATEMENT = "https://in-toto.io/Statement/v1"
@@ -65,6 +66,25 @@ def predicate(plan: Plan, started: str, finished: str, flags: dict[str, Any]) ->
             "metadata": {"startedOn": started, "finishedOn": finished},
         },
     }
+
+
+def with_cache(predicate_: dict[str, Any], parent_id: str | None, cache: CompiledCache,
+               finished: str) -> dict[str, Any]:
+    """The predicate of the image a baked warmup derived: the image it started from (when it was
+    an image of its own, `gpux-pack warmup IMAGE`) is one more resolved dependency, and the compiled
+    cache (its layer's digest, key and provider) a byproduct of the run."""
+    out = json.loads(json.dumps(predicate_))
+    definition, run = out["buildDefinition"], out["runDetails"]
+    definition["internalParameters"]["warmup"] = "baked"
+    if parent_id:
+        definition["resolvedDependencies"].append({"uri": f"docker-image:{parent_id}", "name": "image before warmup",
+                                                   "digest": {"sha256": parent_id.split(":", 1)[-1]}})
+    run.setdefault("byproducts", []).append({
+        "uri": f"file:{cache.path}", "name": "compiled cache", "digest": {"sha256": cache.layer.split(":", 1)[-1]},
+        "annotations": {k: v for k, v in (("key", cache.key), ("provider", cache.provider), ("device", cache.device),
+                                          ("onnxruntime", cache.onnxruntime)) if v}})
+    run["metadata"]["finishedOn"] = finished
+    return out
 
 
 def statement(subjects: list[tuple[str, str]], predicate_: dict[str, Any]) -> bytes:

@@ -10,7 +10,9 @@ against the schema; a build does not pay for the validator). What gpux-pack know
   pkg:apk), read from the base's files on the host;
 - every Python package of the lock (purl pkg:pypi, the sha256 of the wheel installed, else the
   lock's hashes), and the gpux runtime;
-- the model (sha256, size, opsets, inputs and outputs) and the files preprocessing reads.
+- the model (sha256, size, opsets, inputs and outputs) and the files preprocessing reads;
+- a baked warmup's compiled cache (with_cache: its key, provider, device and layer), added when
+  `warmup` or `build --warmup always` derives the warm image.
 Deterministic: the serial number is derived from the content and the timestamp is the image's
 creation time (SOURCE_DATE_EPOCH when set), so the same inputs give the same bytes."""
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,20 @@ from gpux_pack.project.preprocess import TOKENIZER_FILE
 
 MEDIA_TYPE = "application/vnd.cyclonedx+json"  # the artifactType of the SBOM in a registry
 GPUX_NAMESPACE = uuid.UUID("6c4c4ad2-0d1e-4d3b-9a43-1f1d3b7e2a51")  # the serial number's uuid5 namespace
+
+
+@dataclass(frozen=True)
+class CompiledCache:
+    """A warmup cache baked into an image: its key (runtime/caches.py) and what compiled it, and
+    the layer that holds it (its diff id, the sha256 of the uncompressed layer: the cache's files,
+    names and modes, byte for byte)."""
+
+    key: str
+    provider: str
+    device: str
+    onnxruntime: str
+    layer: str  # sha256:<hex>
+    path: str  # where the image holds it: /opt/gpux/warm/<key>
 
 
 def document(plan: Plan, image_id: str | None = None) -> bytes:
@@ -131,6 +148,44 @@ def document(plan: Plan, image_id: str | None = None) -> bytes:
                                                               plan.created]))
     doc = json.loads(JsonV1Dot6(bom).output_as_string(indent=None))
     return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
+
+
+def with_cache(document_: bytes, image_id: str, cache: CompiledCache) -> bytes:
+    """The SBOM of the image a baked warmup derived from the one `document_` describes: the same
+    components, the compiled cache as one more (compiled from the model, held by the image), and
+    the new image's id. Read back and written by the library, so it stays valid."""
+    from cyclonedx.model import HashAlgorithm, HashType, Property
+    from cyclonedx.model.bom import Bom
+    from cyclonedx.model.component import Component, ComponentType
+    from cyclonedx.model.dependency import Dependency
+    from cyclonedx.output.json import JsonV1Dot6
+
+    doc = json.loads(document_)
+    bom = Bom.from_json(doc)  # type: ignore[attr-defined]
+    properties = {"key": cache.key, "provider": cache.provider, "device": cache.device,
+                  "onnxruntime": cache.onnxruntime, "layer": cache.layer, "installed_to": cache.path}
+    component = Component(
+        type=ComponentType.DATA, name=f"compiled cache {cache.key}", version=cache.key, bom_ref=f"cache:{cache.key}",
+        description=f"what {cache.provider or 'the provider'} compiled from the model at warmup; the image loads it "
+                    "instead of compiling again",
+        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=cache.layer.split(":", 1)[-1])],
+        properties=[Property(name=f"gpux:{k}", value=v) for k, v in properties.items() if v])
+    bom.components.add(component)
+    image = bom.metadata.component
+    image.properties = [p for p in image.properties if p.name not in ("gpux:image_id", "gpux:warmup")] + [
+        Property(name="gpux:image_id", value=image_id), Property(name="gpux:warmup", value="baked")]
+    on_image = next((d for d in bom.dependencies if d.ref == image.bom_ref), None)
+    if on_image is not None:  # replaced, not changed in place: the set is sorted
+        bom.dependencies.remove(on_image)
+    bom.dependencies.add(Dependency(ref=image.bom_ref, dependencies=[
+        *(on_image.dependencies if on_image else ()), Dependency(ref=component.bom_ref)]))
+    model = next((c for c in bom.components if c.bom_ref.value == "model"), None)
+    if model is not None:
+        bom.dependencies.add(Dependency(ref=component.bom_ref, dependencies=[Dependency(ref=model.bom_ref)]))
+    bom.serial_number = uuid.uuid5(GPUX_NAMESPACE, json.dumps([doc.get("serialNumber"), image_id, cache.key,
+                                                              cache.layer]))
+    out = json.loads(JsonV1Dot6(bom).output_as_string(indent=None))
+    return (json.dumps(out, sort_keys=True, indent=1) + "\n").encode()
 
 
 def validate(doc: dict[str, Any]) -> str | None:

@@ -4,7 +4,8 @@ Every build writes the image's SBOM (image/sbom.py) and its provenance predicate
 (image/provenance.py) under the cache, by image id (`attestations/<id>/`), so that a later
 `gpux-pack push` of the same image attaches them too. A push attaches both to the pushed
 manifest in its registry as OCI artifacts (registry/referrers.py): the SBOM as it is, the
-provenance as an in-toto Statement whose subject is that manifest's digest."""
+provenance as an in-toto Statement whose subject is that manifest's digest. A baked warmup's
+image gets its parent's documents with the compiled cache added."""
 
 from __future__ import annotations
 
@@ -44,12 +45,33 @@ def now() -> str:
     return created_now()
 
 
-def record(plan: Plan, built: BuiltImage, started: str, flags: dict[str, Any]) -> Path:
-    """Write the image's SBOM and provenance predicate under the cache; the SBOM's path."""
-    folder = folder_of(built.id)
-    folder.mkdir(parents=True, exist_ok=True)
-    staging.write_bytes(folder / SBOM_FILE, sbom.document(plan, built.id))
+def record(plan: Plan, built: BuiltImage, started: str, flags: dict[str, Any],
+           cache: sbom.CompiledCache | None = None) -> Path:
+    """Write the image's SBOM and provenance predicate under the cache; the SBOM's path. cache:
+    the compiled cache a baked warmup (`--warmup always`) added to the image."""
+    document = sbom.document(plan, built.id)
     predicate = provenance.predicate(plan, started, now(), flags)
+    if cache is not None:
+        document = sbom.with_cache(document, built.id, cache)
+        predicate = provenance.with_cache(predicate, None, cache, now())
+    return _write(built.id, document, predicate)
+
+
+def record_warmed(parent_id: str, image_id: str, cache: sbom.CompiledCache) -> Path | None:
+    """`gpux-pack warmup IMAGE`: the derived image's SBOM and provenance, made from its parent's
+    (None when no build here recorded the parent's: the push then says so)."""
+    found = recorded(parent_id)
+    if found is None:
+        return None
+    document, predicate = found
+    return _write(image_id, sbom.with_cache(document, image_id, cache),
+                  provenance.with_cache(predicate, parent_id, cache, now()))
+
+
+def _write(image_id: str, document: bytes, predicate: dict[str, Any]) -> Path:
+    folder = folder_of(image_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    staging.write_bytes(folder / SBOM_FILE, document)
     staging.write_text(folder / PREDICATE_FILE, json.dumps(predicate, sort_keys=True, indent=1) + "\n")
     return folder / SBOM_FILE
 

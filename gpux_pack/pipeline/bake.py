@@ -30,6 +30,7 @@ from gpux_pack.image import layer_tar
 from gpux_pack.image.context import MTIME
 from gpux_pack.image.layout import LAYERS
 from gpux_pack.image.maker import Maker, choose
+from gpux_pack.image.sbom import CompiledCache
 from gpux_pack.runtime.paths import CACHE_DIR, FALLBACK_CACHE_DIR
 from gpux_pack.providers import Devices
 from gpux_pack.reference import parse_reference
@@ -207,10 +208,27 @@ def warm_members(folder: Path, key: str) -> list[layer_tar.Member]:
     return layer_tar.tree(folder, f"{LAYERS['warm'].lands}/{key}", MTIME)
 
 
+KEY_LABEL = "io.gpux.warmup.key"
+KEY_PARTS = ("provider", "device", "onnxruntime")  # labelled io.gpux.warmup.key.<part>
+
+
 def warm_labels(key: str, record: dict[str, Any]) -> dict[str, str]:
     parts = record.get("parts") or {}
-    labels = {"io.gpux.warmup": "baked", "io.gpux.warmup.key": key}
-    for name in ("provider", "device", "onnxruntime"):
+    labels = {"io.gpux.warmup": "baked", KEY_LABEL: key}
+    for name in KEY_PARTS:
         if parts.get(name):
-            labels[f"io.gpux.warmup.key.{name}"] = str(parts[name])[:200]
+            labels[f"{KEY_LABEL}.{name}"] = str(parts[name])[:200]
     return labels
+
+
+def cache_of(client: Any, baked: Baked) -> CompiledCache | None:
+    """The compiled cache a bake added to its derived image, as its SBOM and provenance name it
+    (None when it added none: an export, a cache already there, a provider that compiles nothing)."""
+    if not baked.id or baked.exported is not None or baked.state.get("cache") != "compiled":
+        return None
+    attrs = client.images.get(baked.id).attrs
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    if labels.get(KEY_LABEL) != baked.key:
+        return None
+    return CompiledCache(baked.key, *(labels.get(f"{KEY_LABEL}.{part}", "") for part in KEY_PARTS),
+                         layer=attrs["RootFS"]["Layers"][-1], path=f"{LAYERS['warm'].lands}/{baked.key}")

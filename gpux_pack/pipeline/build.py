@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from gpux_pack import engine, providers, wheels
 from gpux_pack.pipeline import attest
-from gpux_pack.pipeline.bake import bake_image
+from gpux_pack.pipeline.bake import bake_image, cache_of
 from gpux_pack.engine import rootfs
 from gpux_pack.errors import PackError, UsageError
 from gpux_pack.image.context import Context, model_context, runtime_base_context
@@ -23,6 +23,7 @@ from gpux_pack.image.dockerfile import dockerfile, runtime_base_dockerfile
 from gpux_pack.image import model_signature
 from gpux_pack.image.maker import Maker, OncePerTag, choose, model_recipe, runtime_base_recipe
 from gpux_pack.image.builder import BuiltImage
+from gpux_pack.image.sbom import CompiledCache
 from gpux_pack.install import install
 from gpux_pack.plan import (Options, Plan, RuntimeBase, assumed_base, check_model_for, choose_base, image_tag,
                             make_plan, notes, plan_runtime_base, weights_note, with_lock)
@@ -219,19 +220,21 @@ def prepare(
     return Prepared(plan, model_context(plan, None, dockerfile(plan, part="model")), base_context)
 
 
-def make(client: Any, prepared: Prepared, maker: Maker, ui: Reporter, no_cache: bool = False) -> BuiltImage:
+def make(client: Any, prepared: Prepared, maker: Maker, ui: Reporter,
+         no_cache: bool = False) -> tuple[BuiltImage, CompiledCache | None]:
     """The runtime base image when it is missing (once, however many builds want it), then the
-    model image; a baked warmup tags the warmed image instead."""
+    model image; a baked warmup tags the warmed image instead (and gives the cache it added)."""
     plan = prepared.plan
     if prepared.runtime_base_context is not None:
         OncePerTag(maker, client, ui, reuse=not no_cache).make(
             runtime_base_recipe(plan.runtime_base, prepared.runtime_base_context))
     baked = plan.warmup == "baked"
     built = maker.make(model_recipe(plan, prepared.context, tagged=not baked))
-    return bake(client, built, plan, maker, ui) if baked else built
+    return bake(client, built, plan, maker, ui) if baked else (built, None)
 
 
-def bake(client: Any, built: BuiltImage, plan: Plan, maker: Maker, ui: Reporter) -> BuiltImage:
+def bake(client: Any, built: BuiltImage, plan: Plan, maker: Maker,
+         ui: Reporter) -> tuple[BuiltImage, CompiledCache | None]:
     """`--warmup always`: what `gpux-pack warmup` does, on the image just made (untagged), to
     give the tag an image with its cache baked in. On any failure (Ctrl-C included) the
     untagged image is removed; the warmup container always is."""
@@ -243,7 +246,7 @@ def bake(client: Any, built: BuiltImage, plan: Plan, maker: Maker, ui: Reporter)
     image = client.images.get(warmed.id)
     return BuiltImage(tag=plan.tag, id=image.id, size_bytes=image.attrs.get("Size", 0),
                       seconds=built.seconds + warmed.seconds, steps=built.steps, cached_steps=built.cached_steps,
-                      assembled=built.assembled)
+                      assembled=built.assembled), cache_of(client, warmed)
 
 
 def build_each(loaded: Loaded, decision: providers.Decision, per_platform: list[Options], client: Any, ui: Reporter,
@@ -261,10 +264,10 @@ def build_each(loaded: Loaded, decision: providers.Decision, per_platform: list[
             for options in per_platform:
                 started = attest.now()
                 prepared = prepare(loaded, name, decision.reason, options, client, ui, pull=True, refresh=refresh)
-                built = make(client, prepared, maker, ui, no_cache)
+                built, cache = make(client, prepared, maker, ui, no_cache)
                 flags = {"warmup": options.warmup, "base_image": options.base_image, "no_cache": no_cache,
                          "refresh": refresh, "push": push_}
-                document = attest.record(prepared.plan, built, started, flags)
+                document = attest.record(prepared.plan, built, started, flags, cache)
                 pushed = push(client, built.tag, ui) if push_ else None
                 attached = attest.attach(client, pushed, built.id, ui) if pushed else None
                 done.append(Made(prepared.plan, prepared, built, pushed, document, attached))

@@ -113,6 +113,43 @@ def test_the_provenance_is_an_in_toto_statement_of_slsa_v1(plan):
     assert statement["predicate"]["runDetails"]["builder"]["version"]["gpux-pack"]
 
 
+CACHE = sbom.CompiledCache(key="a" * 24, provider="OpenVINOExecutionProvider", device="cpu: Intel Xeon",
+                           onnxruntime="1.23.0", layer="sha256:" + "e" * 64, path="/opt/gpux/warm/" + "a" * 24)
+
+
+def test_a_baked_warmup_adds_its_compiled_cache_to_the_sbom_and_the_provenance(plan):
+    parent, derived = "sha256:" + "c" * 64, "sha256:" + "f" * 64
+    before = sbom.document(plan, parent)
+    after = sbom.with_cache(before, derived, CACHE)
+    doc = json.loads(after)
+    assert sbom.validate(doc) is None
+    by_ref = {c["bom-ref"]: c for c in doc["components"]}
+    cache = by_ref[f"cache:{CACHE.key}"]
+    props = {p["name"]: p["value"] for p in cache["properties"]}
+    assert cache["type"] == "data" and cache["hashes"] == [{"alg": "SHA-256", "content": "e" * 64}]
+    assert props["gpux:key"] == CACHE.key and props["gpux:provider"] == "OpenVINOExecutionProvider"
+    assert props["gpux:layer"] == CACHE.layer and props["gpux:installed_to"] == CACHE.path
+    deps = {d["ref"]: set(d.get("dependsOn", [])) for d in doc["dependencies"]}
+    assert deps["image"] == {"base-image", "runtime", "model", f"cache:{CACHE.key}"}
+    assert deps[f"cache:{CACHE.key}"] == {"model"}  # compiled from the model
+    image = {p["name"]: p["value"] for p in doc["metadata"]["component"]["properties"]}
+    assert image["gpux:image_id"] == derived and image["gpux:warmup"] == "baked"
+    # everything the parent's SBOM listed is still there, and nothing else changed but the serial
+    old = json.loads(before)
+    assert {c["bom-ref"] for c in old["components"]} == set(by_ref) - {f"cache:{CACHE.key}"}
+    assert doc["serialNumber"] != old["serialNumber"] and sbom.with_cache(before, derived, CACHE) == after
+
+    predicate = provenance.predicate(plan, "2023-11-14T22:13:20Z", "2023-11-14T22:13:20Z", {})
+    warmed = provenance.with_cache(predicate, parent, CACHE, "2023-11-14T22:14:00Z")
+    assert "byproducts" not in predicate["runDetails"]  # the parent's predicate is left as it was
+    assert warmed["buildDefinition"]["internalParameters"]["warmup"] == "baked"
+    assert warmed["buildDefinition"]["resolvedDependencies"][-1] == {
+        "uri": f"docker-image:{parent}", "name": "image before warmup", "digest": {"sha256": "c" * 64}}
+    (byproduct,) = warmed["runDetails"]["byproducts"]
+    assert byproduct["digest"] == {"sha256": "e" * 64} and byproduct["annotations"]["key"] == CACHE.key
+    assert warmed["runDetails"]["metadata"]["finishedOn"] == "2023-11-14T22:14:00Z"
+
+
 def test_os_packages_reads_apk_too(tmp_path):
     (tmp_path / "lib/apk/db").mkdir(parents=True)
     (tmp_path / "lib/apk/db/installed").write_text("P:musl\nV:1.2.4-r2\nA:x86_64\nm:Timo <t@alpinelinux.org>\n\n"
