@@ -35,6 +35,7 @@ from gpux_pack.runtime import caches
 from gpux_pack.runtime.paths import APP_DIR, ASSETS, CACHE_DIR, CACHE_PLACEHOLDER, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, SITE
 from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
+RUNTIME_BASES = "gpux-pack/runtime-"  # every runtime base image's repository starts so: `base ls|prune` find them
 # seconds a container has to load and warm up before failed health checks count (Docker's
 # HEALTHCHECK --start-period; the liveness probe's initialDelaySeconds, which podman reads as one)
 HEALTH_START = 60
@@ -171,7 +172,7 @@ class RuntimeBase:
         h.update("\n".join(parts).encode())
         for name, data in sources.shipped():
             h.update(name.encode() + b"\0" + data)
-        return f"gpux-pack/runtime-{self.provider.name}:{self.ort_version}-{h.hexdigest()[:12]}"
+        return f"{RUNTIME_BASES}{self.provider.name}:{self.ort_version}-{h.hexdigest()[:12]}"
 
     @property
     def config(self) -> ImageConfig:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import typer
 
 from gpux_pack import engine, providers
+from gpux_pack.errors import UsageError
 
 PathArg = typer.Argument(Path("."), help="Folder holding gpux.yml, or the gpux.yml itself.")
 ProviderOpt = typer.Option(None, "--provider", "-p", help=providers.names_help())
@@ -24,6 +26,17 @@ def pull(policy: str) -> str:
     if policy not in engine.PULL_POLICIES:
         raise typer.BadParameter(f"{policy!r}: expected missing, always or never", param_hint="--pull")
     return policy
+
+
+OlderThanOpt = typer.Option("30d", "--older-than", help="Remove entries unused for this long: 30d, 12h, 0s (all).")
+
+
+def age(text: str) -> float:
+    """30d, 12h, 45m, 10s, or a number of days."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dhms]?)\s*", text)
+    if not m:
+        raise UsageError(f"--older-than {text!r}: expected an age such as 30d, 12h, 45m or 0s")
+    return float(m.group(1)) * {"d": 86400, "h": 3600, "m": 60, "s": 1, "": 86400}[m.group(2)]
 
 
 JsonOpt = typer.Option(False, "--json", help="One JSON document on stdout; logs on stderr.")

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from gpux_pack import providers
-from gpux_pack.cli.flags import BaseOpt, JsonOpt, PlatformOpt, QuietOpt, RefreshOpt, options
+from gpux_pack.cli.flags import BaseOpt, JsonOpt, OlderThanOpt, PlatformOpt, QuietOpt, RefreshOpt, age, options
 from gpux_pack.ui import Reporter
 
 cache_app = typer.Typer(help="The wheel, lock, install and base-image caches (~/.cache/gpux-pack).",
@@ -30,14 +30,14 @@ def cache_ls(json_out: bool = typer.Option(False, "--json", help="Machine-readab
 
 @cache_app.command("prune")
 def cache_prune(
-    older_than: str = typer.Option("30d", "--older-than", help="Remove entries unused for this long: 30d, 12h, 0s (all)."),
+    older_than: str = OlderThanOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Remove cache entries not used for --older-than (by their last modification), and whatever
     killed builds left, at any age."""
     from gpux_pack.commands import cache
 
-    seconds = cache.parse_age(older_than)
+    seconds = age(older_than)
     removed = cache.prune(seconds)
     total = sum(b for _, b in removed)
     if json_out:
@@ -94,3 +94,33 @@ def base_render(
     options(None, base_image, platform, None)
     print(base.render_runtime_base(provider, cuda, base_image, platform, nvidia_libs, link_check,
                                    Reporter(quiet=quiet), refresh, output))
+
+
+@base_app.command("ls")
+def base_ls(json_out: bool = JsonOpt) -> None:
+    """The runtime base images on this engine: tags, size, when a build last used each."""
+    from gpux_pack import engine
+    from gpux_pack.commands import base
+
+    rows = base.runtime_bases(engine.connect())
+    print(json.dumps({"runtime_bases": rows}, indent=2) if json_out else "\n".join(base.listing(rows)))
+
+
+@base_app.command("prune")
+def base_prune(
+    older_than: str = typer.Option("30d", "--older-than", help="Remove runtime bases no build used for this long: "
+                                   "30d, 12h, 0s (all)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Remove the runtime base images no build used for --older-than and no container uses (a
+    later build makes its own again when it needs it)."""
+    from gpux_pack import engine
+    from gpux_pack.commands import base
+
+    seconds = age(older_than)
+    removed = base.prune(engine.connect(), seconds)
+    total = sum(r["size_bytes"] for r in removed)
+    if json_out:
+        print(json.dumps({"removed": removed, "bytes": total}, indent=2))
+        return
+    print(f"removed {len(removed)} runtime base images, {total / 1e6:.1f} MB")

@@ -1,8 +1,11 @@
-"""`gpux-pack base build|render`: a provider's runtime base image on its own (its wheels and the
-runtime, no model); `build` then adds only the model on top of it."""
+"""`gpux-pack base build|render|ls|prune`: a provider's runtime base image on its own (its wheels
+and the runtime, no model); `build` then adds only the model on top of it. Each lock, provider
+and gpux-pack version has a runtime base of its own, so older ones stay behind: `ls` lists them
+with when a build last used each, `prune` removes the unused."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +13,7 @@ from gpux_pack import engine, providers
 from gpux_pack.errors import UsageError
 from gpux_pack.image.context import Context, write
 from gpux_pack.pipeline.build import make_runtime_base, prepare_runtime_base
-from gpux_pack.plan import RuntimeBase
+from gpux_pack.plan import RUNTIME_BASES, RuntimeBase
 from gpux_pack.ui import Reporter
 
 
@@ -49,3 +52,56 @@ def render_runtime_base(provider: str, cuda: str, base_image: str | None, platfo
                                     engine.try_connect(), ui, refresh)
     write(context, output)
     return f"wrote {output}/Dockerfile; build it with: docker build -t {runtime_base.tag} {output}"
+
+
+def runtime_bases(client: Any) -> list[dict[str, Any]]:
+    """One row per runtime base image on this engine, most recently used first: its tags, id,
+    size, when a build last used it (made it or built on it) and how many containers use it."""
+    used_by: dict[str, int] = {}
+    for container in client.api.containers(all=True):
+        used_by[container.get("ImageID", "")] = used_by.get(container.get("ImageID", ""), 0) + 1
+    rows = []
+    for image in client.images.list(filters={"reference": f"{RUNTIME_BASES}*"}):
+        tags = sorted(t for t in image.tags if t.startswith(RUNTIME_BASES))
+        if tags:
+            rows.append({"tags": tags, "id": image.id, "size_bytes": image.attrs.get("Size", 0),
+                         "last_used": engine.last_tagged(image.attrs), "containers": used_by.get(image.id, 0)})
+    return sorted(rows, key=lambda r: -r["last_used"])
+
+
+def prune(client: Any, older_than: float) -> list[dict[str, Any]]:
+    """Remove the runtime base images no build used for older_than seconds and no container
+    uses; their tags only (an image another name keeps stays). The rows removed."""
+    import docker
+
+    cutoff = time.time() - older_than
+    removed = []
+    for row in runtime_bases(client):
+        if row["last_used"] > cutoff or row["containers"]:
+            continue
+        try:
+            for tag in row["tags"]:
+                client.images.remove(tag)
+        except docker.errors.APIError:
+            continue  # in use meanwhile (a container started, a build began on it): kept
+        removed.append(row)
+    return removed
+
+
+def listing(rows: list[dict[str, Any]]) -> list[str]:
+    """`base ls` without --json."""
+    if not rows:
+        return [f"no runtime base images ({RUNTIME_BASES}*) on this engine"]
+    now, out = time.time(), []
+    for r in rows:
+        used = _ago(now - r["last_used"]) if r["last_used"] else "at an unknown time"
+        held = f"  ({r['containers']} containers)" if r["containers"] else ""
+        out.append(f"{', '.join(r['tags'])}  {r['id'][7:19]}  {r['size_bytes'] / 1e6:.0f} MB  used {used}{held}")
+    return out
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return "just now"

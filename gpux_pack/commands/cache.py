@@ -10,7 +10,6 @@ gone are leftovers: listed apart and always pruned; a live process's are never t
 from __future__ import annotations
 
 import os
-import re
 import time
 import zipfile
 from typing import Any
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpux_pack import engine, staging
-from gpux_pack.errors import UsageError
 from gpux_pack.staging import cache_dir
 
 KINDS = {
@@ -28,6 +26,8 @@ KINDS = {
     "rootfs": "base images' exported files",
     "probes": "base image facts",
     "engines": "engine layer-format checks",
+    "attestations": "each image's SBOM and provenance (push attaches them)",
+    "rebuild": "what a weights-only rebuild replays",
 }
 
 
@@ -101,14 +101,6 @@ def size(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def parse_age(text: str) -> float:
-    """30d, 12h, 45m, 10s, or a number of days."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dhms]?)\s*", text)
-    if not m:
-        raise UsageError(f"--older-than {text!r}: expected an age such as 30d, 12h, 45m or 0s")
-    return float(m.group(1)) * {"d": 86400, "h": 3600, "m": 60, "s": 1, "": 86400}[m.group(2)]
-
-
 def prune(older_than: float) -> list[tuple[Path, int]]:
     """Remove entries last modified more than older_than seconds ago, and every leftover of a
     killed process whatever its age, the base exports' containers on the engine included (when
@@ -131,5 +123,5 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
     out = [str(root())]
     for r in rows:
         left = f"  (+{r['leftovers']} left by killed builds, {r['leftover_bytes'] / 1e6:.1f} MB)" if r["leftovers"] else ""
-        out.append(f"  {r['name']:<8} {r['entries']:>6} entries  {r['bytes'] / 1e6:>10.1f} MB  {r['what']}{left}")
+        out.append(f"  {r['name']:<12} {r['entries']:>6} entries  {r['bytes'] / 1e6:>10.1f} MB  {r['what']}{left}")
     return out

@@ -7,8 +7,10 @@ image built by gpux-pack says of itself)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -260,6 +262,32 @@ def remove_untagged(client: Any, image_id: str) -> None:
             client.images.remove(image_id, noprune=False)
     except Exception:
         pass
+
+
+def mark_used(client: Any, ref: str) -> None:
+    """Tag the image again with its own name: the engine records when (LastTagTime), which is
+    what `gpux-pack base prune` goes by. An image that is not there is nothing to mark."""
+    try:
+        repository, tag = parse_reference(ref).repository_tag
+        client.images.get(ref).tag(repository, tag)
+    except Exception:
+        pass
+
+
+def last_tagged(attrs: dict[str, Any]) -> float:
+    """When the engine last tagged an image (`docker image inspect`'s Metadata.LastTagTime), as a
+    Unix time; else (a loaded image has none) when it was created; 0 when neither says."""
+    return _unix((attrs.get("Metadata") or {}).get("LastTagTime")) or _unix(attrs.get("Created"))
+
+
+def _unix(value: Any) -> float:
+    """An RFC 3339 time of the engine's (nanoseconds, Z), as a Unix time; 0 for none or year 1."""
+    text = str(value or "")
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", text)
+    if not m:
+        return 0.0
+    stamp = datetime.fromisoformat(m.group(1) + (m.group(2) or "")[:7] + m.group(3).replace("Z", "+00:00"))
+    return max(stamp.timestamp(), 0.0)
 
 
 def container_devices(devices: Devices) -> dict[str, Any]:

@@ -80,9 +80,11 @@ def recorded(image_id: str) -> tuple[bytes, dict[str, Any]] | None:
     """The SBOM and provenance predicate a build recorded for this image, if any."""
     folder = folder_of(image_id)
     try:
-        return (folder / SBOM_FILE).read_bytes(), json.loads((folder / PREDICATE_FILE).read_text())
+        found = (folder / SBOM_FILE).read_bytes(), json.loads((folder / PREDICATE_FILE).read_text())
     except (OSError, ValueError):
         return None
+    staging.touch(folder)  # used: `cache prune` keeps it
+    return found
 
 
 def attach(client: Any, pushed: Pushed, image_id: str, ui: Reporter) -> Attached | None:

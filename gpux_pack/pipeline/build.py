@@ -228,6 +228,7 @@ def make(client: Any, prepared: Prepared, maker: Maker, ui: Reporter,
     if prepared.runtime_base_context is not None:
         OncePerTag(maker, client, ui, reuse=not no_cache).make(
             runtime_base_recipe(plan.runtime_base, prepared.runtime_base_context))
+    engine.mark_used(client, plan.runtime_base.tag)  # made or built on now: `base prune` keeps it
     baked = plan.warmup == "baked"
     built = maker.make(model_recipe(plan, prepared.context, tagged=not baked))
     return bake(client, built, plan, maker, ui) if baked else (built, None)
@@ -304,4 +305,6 @@ def prepare_runtime_base(provider_name: str, cuda: str, base_choice: str | None,
 
 def make_runtime_base(client: Any, runtime_base: RuntimeBase, context: Context, ui: Reporter,
                       no_cache: bool = False) -> BuiltImage:
-    return OncePerTag(choose(client, ui, no_cache), client, ui, reuse=False).make(runtime_base_recipe(runtime_base, context))
+    built = OncePerTag(choose(client, ui, no_cache), client, ui, reuse=False).make(runtime_base_recipe(runtime_base, context))
+    engine.mark_used(client, runtime_base.tag)
+    return built

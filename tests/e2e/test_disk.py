@@ -68,3 +68,66 @@ def test_cache_ls_flags_and_prune_removes_an_incomplete_wheel_or_download(tmp_pa
     pruned = run_cli("cache", "prune", "--older-than", "3650d", env=env)
     assert pruned.returncode == 0, pruned.stderr
     assert not list((cache / "wheels").iterdir())
+
+
+def _load_image(client, tag: str, created: str) -> None:
+    """An image of one empty layer, created at `created`, loaded (so the engine never tagged it:
+    its last use is its creation time)."""
+    import hashlib
+    import io
+    import tarfile
+
+    def add(archive, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w"):
+        pass
+    diff = "sha256:" + hashlib.sha256(layer.getvalue()).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "created": created, "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [diff]}}).encode()
+    name = hashlib.sha256(config).hexdigest()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        add(archive, "layer.tar", layer.getvalue())
+        add(archive, f"{name}.json", config)
+        add(archive, "manifest.json", json.dumps([{"Config": f"{name}.json", "RepoTags": [tag],
+                                                   "Layers": ["layer.tar"]}]).encode())
+    client.images.load(out.getvalue())
+
+
+def test_base_ls_and_prune_go_by_the_last_use_and_keep_what_a_container_holds(docker_client, mlp_image):
+    """`base prune` removes the runtime base images no build used for --older-than (made by an
+    older gpux-pack: their creation time), never one a container holds or a build just used."""
+    from tests.conftest import RUN_ID
+
+    stale, held = (f"gpux-pack/runtime-gpuxtest{RUN_ID}:{name}" for name in ("stale", "held"))
+    for day, tag in ((1, stale), (2, held)):
+        _load_image(docker_client, tag, f"2020-01-0{day}T00:00:00Z")
+    holder = docker_client.containers.create(held, command=["none"])  # never started: it still holds the image
+    try:
+        listed = run_cli("base", "ls", "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = {t: r for r in json.loads(listed.stdout)["runtime_bases"] for t in r["tags"]}
+        assert rows[stale]["last_used"] == 1577836800 and rows[stale]["containers"] == 0  # 2020-01-01
+        assert rows[held]["containers"] == 1
+        used = rows[mlp_image["runtime_base"]]  # the build marked the runtime base it built on
+        assert used["last_used"] > __import__("time").time() - 6 * 3600
+        pruned = run_cli("base", "prune", "--older-than", "30d", "--json")
+        assert pruned.returncode == 0, pruned.stderr
+        removed = [t for r in json.loads(pruned.stdout)["removed"] for t in r["tags"]]
+        assert stale in removed and held not in removed and mlp_image["runtime_base"] not in removed
+        assert not any(stale in image.tags for image in docker_client.images.list())
+        docker_client.images.get(held)
+        docker_client.images.get(mlp_image["runtime_base"])
+        bad = run_cli("base", "prune", "--older-than", "later")
+        assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --older-than 'later'"), bad.stderr
+    finally:
+        holder.remove(force=True)
+        for tag in (stale, held):
+            try:
+                docker_client.images.remove(tag, force=True)
+            except Exception:
+                pass

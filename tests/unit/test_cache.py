@@ -25,18 +25,23 @@ def test_cache_ls_and_prune_remove_only_entries_unused_for_long(tmp_path):
     install = tmp_path / "installs" / "abc" / "site-packages"
     install.mkdir(parents=True)
     (install / "m.py").write_bytes(b"z" * 500)
+    for image in ("sha256-0ld", "sha256-new"):  # each image's recorded SBOM and provenance
+        (tmp_path / "attestations" / image).mkdir(parents=True)
+        (tmp_path / "attestations" / image / "sbom.cdx.json").write_bytes(b"{}" * 50)
     month = time.time() - 40 * 86400
-    for path in (old, tmp_path / "installs" / "abc"):
+    for path in (old, tmp_path / "installs" / "abc", tmp_path / "attestations" / "sha256-0ld"):
         os.utime(path, (month, month))
     listed = json.loads(run_cli("cache", "ls", "--json", env=env).stdout)
     by_name = {c["name"]: c for c in listed["caches"]}
     assert by_name["wheels"]["entries"] == 2 and by_name["wheels"]["bytes"] == sizes
     assert by_name["installs"]["entries"] == 1 and by_name["installs"]["bytes"] == 500
+    assert by_name["attestations"]["entries"] == 2 and by_name["attestations"]["bytes"] == 200
     proc = run_cli("cache", "prune", "--older-than", "30d", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     removed = json.loads(proc.stdout)
-    assert sorted(os.path.basename(r["path"]) for r in removed["removed"]) == ["abc", old.name]
-    assert removed["bytes"] == old_size + 500 and new.exists() and (tmp_path / "wheels" / ".sha256.json").exists()
+    assert sorted(os.path.basename(r["path"]) for r in removed["removed"]) == ["abc", old.name, "sha256-0ld"]
+    assert removed["bytes"] == old_size + 600 and new.exists() and (tmp_path / "attestations" / "sha256-new").exists()
+    assert (tmp_path / "wheels" / ".sha256.json").exists()
     bad = run_cli("cache", "prune", "--older-than", "soon", env=env)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --older-than 'soon'")
 
