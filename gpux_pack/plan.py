@@ -23,7 +23,7 @@ from typing import Any
 
 from gpux_pack import __version__, sources
 from gpux_pack.errors import ModelError, UsageError
-from gpux_pack.project.config import model_name
+from gpux_pack.project.config import model_name, tag_template_parts
 from gpux_pack.project.load import Project
 from gpux_pack.project.model import ModelInfo, Signature
 from gpux_pack.project.preprocess import TOKENIZER_FILE
@@ -519,12 +519,12 @@ def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
         "provider": provider,
     }
     try:
-        tag = template.format(**fields)
-    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
-        raise UsageError(f"--tag {ascii(template)}: bad placeholder {e}; use {{name}}, {{version}}, {{provider}}") from None
+        tag = "".join(literal + (fields[field] if field else "") for literal, field in tag_template_parts(template))
+    except ValueError as e:  # pack.tag was checked when gpux.yml loaded: this is --tag
+        raise UsageError(f"--tag {_cut(template)}: {e}") from None
     try:
         if parse_reference(tag).digest:
-            raise ValueError(f"'{tag}' has a digest; a tag names what is built")
+            raise ValueError(f"{_cut(tag)} has a digest; a tag names what is built")
     except ValueError as e:
         if cli_tag:
             raise UsageError(f"--tag: {e}") from None
@@ -532,6 +532,11 @@ def image_tag(project: Project, provider: str, cli_tag: str | None) -> str:
             raise project.error(("pack", "tag"), str(e)) from None
         raise _default_tag_error(project, fields, tag) from None
     return tag
+
+
+def _cut(text: str) -> str:
+    """A value for an error line: quoted, and at most about 80 characters of it."""
+    return ascii(text) if len(text) <= 80 else f"{ascii(text[:60])[:-1]}...' ({len(text)} characters)"
 
 
 def _default_tag_error(project: Project, fields: dict[str, str], tag: str) -> UsageError:

@@ -45,7 +45,8 @@ def parse_reference(text: str) -> Reference:
     """The reference, or ValueError saying what is wrong with it (one line)."""
     if not isinstance(text, str) or not text:
         raise ValueError("an image reference cannot be empty")
-    shown = ascii(text) if not text.isprintable() or len(text) > 80 else f"'{text}'"
+    shown = f"{ascii(text[:60])[:-1]}...' ({len(text)} characters)" if len(text) > 80 else \
+        ascii(text) if not text.isprintable() else f"'{text}'"
     rest, digest = text, None
     if "@" in rest:
         rest, digest = rest.split("@", 1)

@@ -45,6 +45,21 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+def run_cli_measured(*args: str, env: dict[str, str] | None = None, timeout: int = 300):
+    """run_cli, and the peak resident memory (bytes) of the gpux-pack process: measured by a
+    parent of its own, whose only child it is."""
+    import json
+
+    probe = ("import json, resource, subprocess, sys\n"
+             "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+             "print(json.dumps([p.returncode, p.stdout, p.stderr, "
+             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024]))\n")
+    out = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "gpux_pack", *args], capture_output=True,
+                         text=True, env={**os.environ, **(env or {})}, timeout=timeout, check=True)
+    code, stdout, stderr, peak = json.loads(out.stdout)
+    return subprocess.CompletedProcess(args, code, stdout, stderr), peak
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     import docker

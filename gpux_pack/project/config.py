@@ -426,6 +426,24 @@ def _per_provider(value: Any) -> Any:
 _TAG_FIELDS = {"name", "version", "provider"}
 
 
+def tag_template_parts(template: str) -> list[tuple[str, str | None]]:
+    """A tag template as (literal text, placeholder or None) pairs; ValueError naming what is
+    wrong. Only {name}, {version} and {provider}, without a conversion or a format spec: a
+    width such as {name:>100000000} would make str.format allocate that many characters."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"bad template: {e}") from None
+    parts = []
+    for literal, field, spec, conversion in parsed:
+        if field is not None and field not in _TAG_FIELDS:
+            raise ValueError(f"unknown placeholder {{{ascii(field[:40])[1:-1]}}}; use {{name}}, {{version}}, {{provider}}")
+        if spec or conversion:
+            raise ValueError(f"{{{field}}} takes no format spec or conversion; write {{{field}}} alone")
+        parts.append((literal, field))
+    return parts
+
+
 class PackSection(_Section):
     """Packaging settings (gpux-pack's own; plain GPUX files need none)."""
 
@@ -504,17 +522,8 @@ class PackSection(_Section):
     @field_validator("tag")
     @classmethod
     def _template(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        try:
-            used = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
-        except ValueError as e:
-            raise ValueError(f"bad template: {e}") from None
-        unknown = used - _TAG_FIELDS
-        if unknown:
-            raise ValueError(
-                f"unknown placeholder {{{sorted(unknown)[0]}}}; use {{name}}, {{version}}, {{provider}}"
-            )
+        if v is not None:
+            tag_template_parts(v)
         return v
 
     @field_validator("requirements")

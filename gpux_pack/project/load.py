@@ -30,6 +30,8 @@ from gpux_pack.runtime.dtypes import DTYPES, canonical
 NOT_ACTED_ON: dict[tuple[str, ...], str] = {
     ("runtime", "timeout"): "not used: serving.timeout bounds each request",
 }
+MAX_EXPANDED_VALUE = 64 << 10  # characters one value may hold once its ${VAR}s are expanded
+MAX_EXPANDED = safe_yaml.MAX_BYTES  # characters all expanded values may add to the file, together
 _VARIABLE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
 _VARIABLE_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)(.*))?", re.DOTALL)
 
@@ -117,7 +119,7 @@ def load_project(path: Path, strict: bool = False) -> Project:
         where, problem = found
         raise ConfigError(display, _dotted(where) or None, problem, _line(lines, where))
     variables: dict[str, str | None] = {}
-    data = _expand(data, (), variables, lines, display)  # a copy: a YAML alias's places no longer share objects
+    data = _expand(data, (), variables, lines, display, [0])  # a copy: a YAML alias's places no longer share objects
     pack = data.get("pack")
     strict = strict or (isinstance(pack, dict) and pack.get("strict") is True)
     if repeated and strict:
@@ -133,35 +135,55 @@ def load_project(path: Path, strict: bool = False) -> Project:
     return Project(config_path, config, lines, tuple(notes), tuple(sorted(variables.items())), strict)
 
 
-def _expand(value: Any, path: tuple[Any, ...], used: dict[str, str | None], lines: dict, display: str) -> Any:
+def _expand(value: Any, path: tuple[Any, ...], used: dict[str, str | None], lines: dict, display: str,
+            added: list[int]) -> Any:
     """`${VAR}`, `${VAR:-default}` (unset or empty), `${VAR-default}` (unset) in every text value,
     from this process's environment; `$$` is a `$`. A missing variable without a default is an
-    error naming it and the field."""
+    error naming it and the field. Bounded as the file is: a value may grow to
+    MAX_EXPANDED_VALUE characters and the whole file by MAX_EXPANDED (`added`: what the values
+    expanded so far added), checked before the text is joined (a short file repeating a long
+    variable would otherwise hold hundreds of MB)."""
     if isinstance(value, dict):
-        return {k: _expand(v, (*path, k), used, lines, display) for k, v in value.items()}
+        return {k: _expand(v, (*path, k), used, lines, display, added) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v, (*path, i), used, lines, display) for i, v in enumerate(value)]
+        return [_expand(v, (*path, i), used, lines, display, added) for i, v in enumerate(value)]
     if not isinstance(value, str) or "$" not in value:
         return value
+    size = [len(value)]
 
     def one(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        inner = _VARIABLE_NAME.fullmatch(m.group(1) or "")
-        if m.group(1) is None or inner is None:
-            raise ConfigError(display, _dotted(path), f"{_cut(m.group(0))} is not a variable: write ${{NAME}}, "
-                                                      "${NAME:-default}, or $$ for a $", _line(lines, path))
-        name, how, default = inner.groups()
-        found = os.environ.get(name)
-        used[name] = found
-        if found is None or (how == ":-" and found == ""):
-            if how is None:
-                raise ConfigError(display, _dotted(path), f"${{{name}}} is not set in the environment (give it a "
-                                                          f"value, or a default: ${{{name}:-...}})", _line(lines, path))
-            return default
-        return found
+        text = _substitute(m, path, used, lines, display)
+        size[0] += len(text) - len(m.group(0))
+        added[0] += max(len(text) - len(m.group(0)), 0)
+        if size[0] > MAX_EXPANDED_VALUE or added[0] > MAX_EXPANDED:
+            limit = (f"past {MAX_EXPANDED_VALUE} characters" if size[0] > MAX_EXPANDED_VALUE
+                     else f"the file past {MAX_EXPANDED} expanded characters")
+            raise ConfigError(display, _dotted(path), f"{_cut(m.group(0))[1:-1]} ({len(text)} characters) expands this value "
+                                                      f"{limit}; a gpux.yml value is a name, a path or a setting",
+                              _line(lines, path))
+        return text
 
     return _VARIABLE.sub(one, value)
+
+
+def _substitute(m: re.Match[str], path: tuple[Any, ...], used: dict[str, str | None], lines: dict,
+                display: str) -> str:
+    """The text one `${...}` (or `$$`) stands for."""
+    if m.group(0) == "$$":
+        return "$"
+    inner = _VARIABLE_NAME.fullmatch(m.group(1) or "")
+    if m.group(1) is None or inner is None:
+        raise ConfigError(display, _dotted(path), f"{_cut(m.group(0))} is not a variable: write ${{NAME}}, "
+                                                  "${NAME:-default}, or $$ for a $", _line(lines, path))
+    name, how, default = inner.groups()
+    found = os.environ.get(name)
+    used[name] = found
+    if found is None or (how == ":-" and found == ""):
+        if how is None:
+            raise ConfigError(display, _dotted(path), f"${{{name}}} is not set in the environment (give it a "
+                                                      f"value, or a default: ${{{name}:-...}})", _line(lines, path))
+        return default
+    return found
 
 
 def _where(display: str, lines: dict, path: tuple[Any, ...]) -> str:

@@ -252,7 +252,10 @@ def test_a_name_that_cannot_make_the_default_tag_builds_with_a_tag(tmp_path, cap
     [
         (("--tag", "x:y\nRUN z"), "--tag"),
         (("--tag", "{name.__class__}"), "--tag"),
-        (("--tag", "{name.foo}"), "bad placeholder"),
+        (("--tag", "{name.foo}"), "unknown placeholder {name.foo}"),
+        (("--tag", "{name:>100000000}"), "{name} takes no format spec or conversion"),
+        (("--tag", "m:{version!r}"), "{version} takes no format spec or conversion"),
+        (("--tag", "x" * 5000 + ":{provider}"), "...' (5004 characters) is longer than 255 characters"),
         (("--tag", "a@sha256:" + "0" * 64), "has a digest"),
         (("--base-image", "python:3.11\nRUN x"), "base-image"),
     ],
@@ -260,6 +263,40 @@ def test_a_name_that_cannot_make_the_default_tag_builds_with_a_tag(tmp_path, cap
 def test_hostile_command_line_values(tmp_path, capsys, args, words):
     code, lines = build(project(tmp_path, "name: m\n" + B), capsys, *args)
     assert code == 2 and len(lines) == 1 and words in lines[0], lines
+
+
+def test_a_format_width_in_pack_tag_is_refused_within_100_mb(tmp_path):
+    """str.format would allocate the width: 741 MB for {name:>100000000}, a MemoryError for 3e9."""
+    from tests.conftest import run_cli_measured
+
+    for width in ("100000000", "3000000000"):
+        path = project(tmp_path, "name: m\n" + B + f"pack:\n  tag: 'r/{{name:>{width}}}:1'\n")
+        proc, peak = run_cli_measured("plan", str(path), "-p", "cpu", "--offline")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+        assert lines[0] == f"error: {path}/gpux.yml:5: pack.tag: {{name}} takes no format spec or conversion; " \
+                           "write {name} alone", lines
+        assert peak < 100 << 20, peak
+
+
+def test_expanded_variables_are_bounded_within_100_mb(tmp_path, monkeypatch):
+    """An 8 KB gpux.yml repeating a 120,000-character variable expanded to 130 MB (531 MB used);
+    each value may grow to 64 KiB and the file by 1 MiB, checked before the text is joined."""
+    from tests.conftest import run_cli_measured
+
+    many = "".join("  - ${BIG}\n" for _ in range(1100))
+    path = project(tmp_path, "name: m\n" + B + "metadata:\n  notes:\n" + many)
+    assert (path / "gpux.yml").stat().st_size < 13_000
+    proc, peak = run_cli_measured("plan", str(path), "-p", "cpu", "--offline", env={"BIG": "x" * 120_000})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and peak < 100 << 20, (proc.stderr[-2000:], peak)
+    assert lines[0] == f"error: {path}/gpux.yml:6: metadata.notes[0]: ${{BIG}} (120000 characters) expands this " \
+                       "value past 65536 characters; a gpux.yml value is a name, a path or a setting", lines
+    proc, peak = run_cli_measured("plan", str(path), "-p", "cpu", "--offline", env={"BIG": "x" * 60_000})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and peak < 100 << 20, (proc.stderr[-2000:], peak)
+    assert "metadata.notes[17]: ${BIG} (60000 characters) expands this value the file past 1048576 expanded " \
+           "characters" in lines[0], lines
 
 
 def test_bad_source_date_epoch(tmp_path, capsys, monkeypatch):
