@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpux_pack.errors import PackError
-from gpux_pack.pipeline import attest
+from gpux_pack.image import attestation_store
 from gpux_pack.plan import notes
 from gpux_pack.registry import remote, signatures
 from gpux_pack.project.config import model_name
@@ -22,7 +22,7 @@ def of_image(client: Any, image: str) -> dict[str, Any]:
     """An image's gpux labels (on this engine, else in its registry), the SBOM its build recorded
     here, and what its registry holds for it (SBOM, provenance, signatures)."""
     found = remote.read(client, image, built_by_us=False)
-    recorded = attest.folder_of(found.id) / attest.SBOM_FILE
+    recorded = attestation_store.folder_of(found.id) / attestation_store.SBOM_FILE
     attached: dict[str, Any] | None = None
     pinned = found.pinned or _pushed_as(found, image)
     if pinned:

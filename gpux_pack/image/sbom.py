@@ -13,14 +13,13 @@ against the schema; a build does not pay for the validator). What gpux-pack know
 - the model (sha256, size, opsets, inputs and outputs) and the files preprocessing reads;
 - a baked warmup's compiled cache (with_cache: its key, provider, device and layer), added when
   `warmup` or `build --warmup always` derives the warm image.
-Deterministic: the serial number is derived from the content and the timestamp is the image's
+Deterministic: the serial number is derived from the content (attestation_store.sbom_bytes) and the timestamp is the image's
 creation time (SOURCE_DATE_EPOCH when set), so the same inputs give the same bytes."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,11 +27,11 @@ from typing import Any
 
 from gpux_pack import __version__, wheels
 from gpux_pack.engine import rootfs
+from gpux_pack.image.attestation_store import sbom_bytes
 from gpux_pack.plan import Plan
 from gpux_pack.project.preprocess import TOKENIZER_FILE
 
 MEDIA_TYPE = "application/vnd.cyclonedx+json"  # the artifactType of the SBOM in a registry
-GPUX_NAMESPACE = uuid.UUID("6c4c4ad2-0d1e-4d3b-9a43-1f1d3b7e2a51")  # the serial number's uuid5 namespace
 
 
 @dataclass(frozen=True)
@@ -144,10 +143,7 @@ def document(plan: Plan, image_id: str | None = None) -> bytes:
 
     bom.dependencies.update([on(image, ["base-image", "runtime", "model"]), on(base_component, os_refs),
                              on(runtime, py_refs)])
-    bom.serial_number = uuid.uuid5(GPUX_NAMESPACE, json.dumps([plan.tag, image_id, model.sha256, py_refs, os_refs,
-                                                              plan.created]))
-    doc = json.loads(JsonV1Dot6(bom).output_as_string(indent=None))
-    return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
+    return sbom_bytes(json.loads(JsonV1Dot6(bom).output_as_string(indent=None)))
 
 
 def with_cache(document_: bytes, image_id: str, cache: CompiledCache) -> bytes:
@@ -182,10 +178,7 @@ def with_cache(document_: bytes, image_id: str, cache: CompiledCache) -> bytes:
     model = next((c for c in bom.components if c.bom_ref.value == "model"), None)
     if model is not None:
         bom.dependencies.add(Dependency(ref=component.bom_ref, dependencies=[Dependency(ref=model.bom_ref)]))
-    bom.serial_number = uuid.uuid5(GPUX_NAMESPACE, json.dumps([doc.get("serialNumber"), image_id, cache.key,
-                                                              cache.layer]))
-    out = json.loads(JsonV1Dot6(bom).output_as_string(indent=None))
-    return (json.dumps(out, sort_keys=True, indent=1) + "\n").encode()
+    return sbom_bytes(json.loads(JsonV1Dot6(bom).output_as_string(indent=None)))
 
 
 def validate(doc: dict[str, Any]) -> str | None:

@@ -9,13 +9,11 @@ image gets its parent's documents with the compiled cache added."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpux_pack import staging
-from gpux_pack.image import provenance, sbom
+from gpux_pack.image import attestation_store, provenance, sbom
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.plan import Plan
 from gpux_pack.registry import referrers
@@ -23,8 +21,6 @@ from gpux_pack.registry.push import Pushed
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import Reporter
 
-SBOM_FILE = "sbom.cdx.json"
-PREDICATE_FILE = "provenance-predicate.json"
 
 
 @dataclass(frozen=True)
@@ -34,10 +30,6 @@ class Attached:
     subject: str  # repo@sha256:...
     sbom: str
     provenance: str
-
-
-def folder_of(image_id: str) -> Path:
-    return staging.cache_dir() / "attestations" / image_id.replace(":", "-")
 
 
 def now() -> str:
@@ -54,43 +46,24 @@ def record(plan: Plan, built: BuiltImage, started: str, flags: dict[str, Any],
     if cache is not None:
         document = sbom.with_cache(document, built.id, cache)
         predicate = provenance.with_cache(predicate, None, cache, now())
-    return _write(built.id, document, predicate)
+    return attestation_store.write(built.id, document, predicate)
 
 
 def record_warmed(parent_id: str, image_id: str, cache: sbom.CompiledCache) -> Path | None:
     """`gpux-pack warmup IMAGE`: the derived image's SBOM and provenance, made from its parent's
     (None when no build here recorded the parent's: the push then says so)."""
-    found = recorded(parent_id)
+    found = attestation_store.recorded(parent_id)
     if found is None:
         return None
     document, predicate = found
-    return _write(image_id, sbom.with_cache(document, image_id, cache),
+    return attestation_store.write(image_id, sbom.with_cache(document, image_id, cache),
                   provenance.with_cache(predicate, parent_id, cache, now()))
-
-
-def _write(image_id: str, document: bytes, predicate: dict[str, Any]) -> Path:
-    folder = folder_of(image_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    staging.write_bytes(folder / SBOM_FILE, document)
-    staging.write_text(folder / PREDICATE_FILE, json.dumps(predicate, sort_keys=True, indent=1) + "\n")
-    return folder / SBOM_FILE
-
-
-def recorded(image_id: str) -> tuple[bytes, dict[str, Any]] | None:
-    """The SBOM and provenance predicate a build recorded for this image, if any."""
-    folder = folder_of(image_id)
-    try:
-        found = (folder / SBOM_FILE).read_bytes(), json.loads((folder / PREDICATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    staging.touch(folder)  # used: `cache prune` keeps it
-    return found
 
 
 def attach(client: Any, pushed: Pushed, image_id: str, ui: Reporter) -> Attached | None:
     """Attach the recorded SBOM and provenance to the pushed manifest; None (and a warning) when
     this machine's builds recorded none for the image."""
-    found = recorded(image_id)
+    found = attestation_store.recorded(image_id)
     if found is None:
         ui.warn(f"{pushed.tag}: no SBOM or provenance recorded for image {image_id[:19]} (built by another "
                 "machine, or by gpux-pack before 0.33): pushed without them")

@@ -2,23 +2,27 @@
 weights changed, the last build's image is replayed with the new model instead of loading
 the config, the model's graph, the plan, the lock and the Dockerfile again.
 
-After an assembled build of one image (no --refresh, --no-cache, baked warmup or several
-platforms; --json and --push are replayed too: the summary printed again, the image pushed,
-where only the model's layer is new to the registry), `record` writes what was loaded (image/archive.py's Loadable:
-config, layers, parent) keyed by the command line, the working folder, gpux-pack's version
-and the environment variables a build reads. `replay` answers the next identical command
-when every input but the model is as recorded (the project folder's other files, the wheel
-lock, the base and runtime base images' ids) and the new model differs from the recorded one
-only in the values of its initializers: the same graph, names, types, shapes and byte
+After an assembled build of one image (no --refresh, --no-cache, baked warmup, several
+platforms, --sign-model or --sbom), `record` writes what was loaded (image/archive.py's
+Loadable: config, layers, parent) keyed by the command line, the working folder, gpux-pack's
+version and the environment variables a build reads. `replay` answers the next identical
+command when every input but the model is as recorded (the project folder's other files, the
+wheel lock, the base and runtime base images' ids) and the new model differs from the recorded
+one only in the values of its initializers: the same graph, names, types, shapes and byte
 lengths, so every check the full build makes on a model gives the same verdict. The image is
-then the recorded one with the model layer rewritten, the model's digest put in gpux.json
-and the labels (its size is the recorded one, or the replay is no replay), and a new creation time: byte for byte what the full build makes
-(a test compares the two). Anything else, or anything unexpected, returns False and the full
-build runs. GPUX_PACK_REBUILD=0 turns it off.
+then the recorded one with the model layer rewritten, the model's digest put in gpux.json and
+the labels (its size is the recorded one, or the replay is no replay), and a new creation time:
+byte for byte what the full build makes (a test compares the two). Its SBOM and provenance are
+the last build's with the model's digest, the image id and the times put in
+(image/attestation_store.py): again what the full build records. --json, --push and --sign-key
+are replayed as the full build does them: the summary printed again; the image pushed (only the
+model's layer is new to the registry) with its SBOM and provenance attached, and signed.
+Anything else, or anything unexpected, returns False and the full build runs.
+GPUX_PACK_REBUILD=0 turns it off.
 
-It imports only the standard library and four small modules (the protobuf wire walk is the
-model skeleton's), and talks to the engine over
-its unix socket itself: the whole rebuild is mostly the engine's `docker load`.
+It imports only the standard library and a few small modules (the protobuf wire walk is the
+model skeleton's; pushing imports what a push needs), and talks to the engine over its unix
+socket itself: the whole rebuild is mostly the engine's `docker load`.
 """
 
 from __future__ import annotations
@@ -36,14 +40,16 @@ from typing import Any
 
 from gpux_pack import __version__, staging
 from gpux_pack.engine import unix_socket
-from gpux_pack.image import layer_tar
+from gpux_pack.image import attestation_store, layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.project.skeleton import WireError, fields
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
-FORMAT = 3
-REFUSED = ("--refresh", "--no-cache", "--platform", "--warmup", "--help")
+FORMAT = 4  # 4: the image's id, whose SBOM and provenance the next replay's are made from
+# what the replay does not do as the full build does: a baked warmup, several platforms, the model
+# signature (it signs gpux.json too, which names the model's digest), an SBOM folder
+REFUSED = ("--refresh", "--no-cache", "--platform", "--warmup", "--help", "--sign-model", "--sbom")
 ENV_PREFIXES = ("GPUX", "DOCKER", "PIP_", "UV_", "SOURCE_DATE_EPOCH", "HOME", "XDG_CACHE_HOME", "SSL_CERT",
                 "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 MAX_PROJECT_FILES = 2000
@@ -250,6 +256,7 @@ def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: s
             "model": {"path": model, "sha256": model_sha256, "size": model_size, "structure": structure(model_path)},
             "images": images, "lock": [str(lock), _stat(str(lock))], "variables": [list(v) for v in variables],
             "summary": summary,
+            "image_id": f"sha256:{hashlib.sha256(loaded.config).hexdigest()}",
             "config": loaded.config.decode(), "parent_diff_ids": loaded.parent_diff_ids,
             "own_history": loaded.own_history, "layers": layers,
         }
@@ -294,6 +301,9 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: 
     for ref, recorded in doc["images"].items():
         if _image_id(ref) != recorded:
             raise Miss(f"{ref} changed")
+    old_id = doc["image_id"]
+    if attestation_store.recorded(old_id) is None:  # the new image's SBOM and provenance are made from these
+        raise Miss("the last build's SBOM and provenance are not recorded")
     if not quiet:
         print("only the model's weights changed: rebuilding from the last build "
               "(GPUX_PACK_REBUILD=0 builds it all)", file=sys.stderr)
@@ -329,30 +339,57 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: 
     if status != 200:
         raise Miss("the engine did not keep the image")
     image = json.loads(body)
+    sbom = attestation_store.with_new_model(old_id, image["Id"], old_sha, sha, created, created, created_now())
+    if sbom is None:
+        raise Miss("the last build's SBOM and provenance are gone")
     doc["model"]["sha256"] = sha
     doc["config"] = loaded_config.decode()
+    doc["image_id"] = image["Id"]
     staging.write_text(path, json.dumps(doc))
-    digest = None
-    if "--push" in argv:  # the registry has every other layer already: only the model's goes up
-        digest = _push(doc["tag"], quiet)
+    pushed = _push(doc["tag"], image["Id"], argv, quiet) if "--push" in argv else None  # only the model's layer goes up
     seconds = time.perf_counter() - started
+    digest = pushed[0] if pushed else None
     if json_out:  # build --json: the summary CI pipelines read, as the full build prints it
         row = {**doc["summary"], "id": image["Id"], "size_bytes": image.get("Size", 0), "seconds": round(seconds, 2),
-               "runtime_base_built": False, "steps": 0, "cached_steps": 0, "digest": digest}
+               "runtime_base_built": False, "steps": 0, "cached_steps": 0, "digest": digest, "sbom": str(sbom),
+               "attestations": pushed[1] if pushed else None}
         return json.dumps({"images": [row], "indexes": [], "failed": [], "seconds": round(seconds, 2)}, indent=2)
     line = built_line(doc["tag"], image["Id"], image.get("Size", 0), doc["provider"], seconds, "assembled, nothing ran")
-    return line + (f"\npushed {digest}" if digest else "")
+    return line + (f"\npushed {digest}" + (" (with its SBOM and provenance)" if pushed[1] else "") if pushed else "")
 
 
-def _push(tag: str, quiet: bool) -> str:
-    """Push the replayed image as build --push does (the Docker SDK, the user's credentials);
-    a refusal falls back to the full build, which says why in one line."""
+def _push(tag: str, image_id: str, argv: list[str], quiet: bool) -> tuple[str, dict[str, str] | None]:
+    """Push the replayed image as build --push does (the Docker SDK, the user's credentials), its
+    SBOM and provenance attached, signed with --sign-key's key: its digest and the attached
+    documents. A refusal falls back to the full build, which says why in one line."""
     from gpux_pack import engine
     from gpux_pack.errors import PackError
+    from gpux_pack.pipeline import attest
+    from gpux_pack.registry import signatures
     from gpux_pack.registry.push import push
     from gpux_pack.ui import Reporter
 
+    ui = Reporter(quiet=quiet)
     try:
-        return push(engine.connect(), tag, Reporter(quiet=quiet)).digest
+        key_path = _option(argv, "--sign-key")
+        key = signatures.load_private_key(Path(key_path)) if key_path else None
+        client = engine.connect()
+        pushed = push(client, tag, ui)
+        attached = attest.attach(client, pushed, image_id, ui)
+        if key is not None:
+            ui.info(f"signing {pushed.digest}")
+            signatures.sign(client, *pushed.digest.split("@", 1), key)
     except PackError as e:
         raise Miss(f"the push failed: {e}") from None
+    return pushed.digest, {"sbom": attached.sbom, "provenance": attached.provenance} if attached else None
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """An option's value as typed: `--name VALUE` or `--name=VALUE` (the last one counts)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith(f"{name}="):
+            found = arg.split("=", 1)[1]
+    return found

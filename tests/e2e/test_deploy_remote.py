@@ -199,35 +199,68 @@ def test_a_bearer_token_registry_is_read_with_a_pull_token(token_registry, tmp_p
 
 
 def test_build_push_json_replays_and_pushes_only_the_new_weights(registry, tmp_path, docker_client):  # noqa: F811
-    """`build --push --json`, as CI pipelines call it, after new weights: replayed (no plan, no
-    lock), pushed (the registry has every layer but the model's), the summary with the new digest."""
+    """`build --push --sign-key --json`, as CI pipelines call it, after new weights: replayed (no
+    plan, no lock), pushed (the registry has every layer but the model's) with its SBOM and
+    provenance attached and signed, so `verify` passes; the summary with the new digest. With
+    --sign-model the weights-only rebuild is a full one: the new image's model signature verifies."""
     import onnx
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
     from onnx import numpy_helper
 
-    from tests.conftest import copy_example
+    from tests.conftest import copy_example, serve
 
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = tmp_path / "key.pem", tmp_path / "key.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
     env = login(tmp_path / "login", registry, PASSWORD)
     project = copy_example("mlp", tmp_path)
     tag = f"{registry}/team/replayed:1"
-    args = ("build", str(project), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json")
+    args = ("build", str(project), "--base-image", BASE_IMAGE, "--tag", tag, "--push", "--json",
+            "--sign-key", str(private))
     made = []
-    try:
-        first = run_cli(*args, env=env)
-        assert first.returncode == 0, first.stderr[-2000:]
-        made.append(docker_client.images.get(tag).id)  # untagged by the second build, removed below
+
+    def new_weights():
         model = onnx.load(str(project / "model.onnx"))
         init = model.graph.initializer[-1]
         init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
         onnx.save(model, str(project / "model.onnx"))
+
+    try:
+        first = run_cli(*args, env=env)
+        assert first.returncode == 0, first.stderr[-2000:]
+        made.append(docker_client.images.get(tag).id)  # untagged by the second build, removed below
+        new_weights()
         second = run_cli(*args, env=env)
         assert second.returncode == 0 and "only the model's weights changed" in second.stderr, second.stderr[-2000:]
         before, after = (json.loads(p.stdout)["images"][0]["digest"] for p in (first, second))
         assert after and after != before
+        row = json.loads(second.stdout)["images"][0]
+        assert row["attestations"]["sbom"].startswith(f"{registry}/team/replayed@sha256:"), row
+        assert Path(row["sbom"]).is_file() and row["id"].replace(":", "-") in row["sbom"]
         manifest = requests.get(f"http://{registry}/v2/team/replayed/manifests/{after.split('@')[1]}",
                                 auth=(USER, PASSWORD), timeout=10,
                                 headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
         assert manifest.status_code == 200, manifest.text
         assert "layer already exists" in second.stderr, second.stderr[-2000:]  # all but the model layer
+        verified = run_cli("verify", after, "--key", str(public), env=env)
+        assert verified.returncode == 0, verified.stderr[-2000:]
+
+        signed_model = (*args, "--sign-model", str(private))
+        third = run_cli(*signed_model, env=env)
+        assert third.returncode == 0, third.stderr[-2000:]
+        made.append(docker_client.images.get(tag).id)
+        new_weights()
+        fourth = run_cli(*signed_model, env=env)
+        assert fourth.returncode == 0 and "only the model's weights changed" not in fourth.stderr, fourth.stderr
+        digest = json.loads(fourth.stdout)["images"][0]["digest"]
+        verified = run_cli("verify", digest, "--key", str(public), env=env)
+        assert verified.returncode == 0, verified.stderr[-2000:]
+        with serve(tag, read_only=True, tmpfs={"/tmp": ""}, env={"GPUX_VERIFY_MODEL": "1"}) as server:
+            assert server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}).status_code == 200
     finally:
         for ref in (tag, *made):
             try:

@@ -177,9 +177,19 @@ def test_a_weights_only_rebuild_replays_the_last_build_and_equals_a_full_one(tmp
     second = run_cli(*args, env=env)
     assert second.returncode == 0 and REPLAYED in second.stderr and "provider:" not in second.stderr, second.stderr
     assert re.match(rf"built {re.escape(tag)}  [0-9a-f]{{12}}  \d+ MB  cpu  ", second.stdout), second.stdout
+    from gpux_pack.image import attestation_store
+
+    replayed = attestation_store.recorded(docker_client.images.get(tag).id)  # its SBOM and provenance: a push attaches them
+    assert replayed is not None
     reference_build = run_cli(*args[:-1], full, "-q", env={**env, "GPUX_PACK_REBUILD": "0"})
     assert reference_build.returncode == 0, reference_build.stderr[-2000:]
     assert docker_client.images.get(tag).id == docker_client.images.get(full).id
+    # what the full build records, but for its tag (and the serial number, derived from the content)
+    recorded = attestation_store.recorded(docker_client.images.get(full).id)
+    for (sbom_a, predicate_a), (sbom_b, predicate_b) in [(recorded, replayed)]:
+        sbom_a = {k: v for k, v in json.loads(sbom_a.decode().replace(full, tag)).items() if k != "serialNumber"}
+        assert sbom_a == {k: v for k, v in json.loads(sbom_b).items() if k != "serialNumber"}
+        assert json.loads(json.dumps(predicate_a).replace(full, tag)) == predicate_b
     labels = docker_client.images.get(tag).labels
     assert labels["io.gpux.model.sha256"] == hashlib.sha256((project / "model.onnx").read_bytes()).hexdigest()
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gpux_pack.image import sbom
-from gpux_pack.pipeline import attest
+from gpux_pack.image import attestation_store
 from gpux_pack.runtime import caches
 from tests.conftest import (assert_history_matches_layers, build_image, copy_example, on_intel_cpu, run_cli,
                             serve, wait_ready)
@@ -34,8 +34,8 @@ def ov_never(docker_client, tags, tmp_path_factory):
                         "--provider", "openvino", "--warmup", "never")
     runs = on_intel_cpu(docker_client, image["tag"], tags("warm:never-intel"))
     if runs != image["tag"]:  # the test-only image stands for the built one: so do its attestations
-        shutil.copytree(attest.folder_of(docker_client.images.get(image["tag"]).id),
-                        attest.folder_of(docker_client.images.get(runs).id), dirs_exist_ok=True)
+        shutil.copytree(attestation_store.folder_of(docker_client.images.get(image["tag"]).id),
+                        attestation_store.folder_of(docker_client.images.get(runs).id), dirs_exist_ok=True)
     return {**image, "tag": runs}
 
 
@@ -93,7 +93,7 @@ def test_warmup_bakes_one_layer_with_the_same_config(ov_never, docker_client, ta
     assert props["gpux:key"] == summary["key"] and props["gpux:provider"] == "OpenVINOExecutionProvider"
     assert props["gpux:layer"] == derived.attrs["RootFS"]["Layers"][-1]  # the layer that holds it
     assert cache["hashes"][0]["content"] == derived.attrs["RootFS"]["Layers"][-1].split(":")[1]
-    recorded = attest.recorded(derived.id)
+    recorded = attestation_store.recorded(derived.id)
     assert recorded is not None and recorded[0] == Path(summary["sbom"]).read_bytes()
     predicate = recorded[1]
     assert predicate["runDetails"]["byproducts"][0]["annotations"]["key"] == summary["key"]
