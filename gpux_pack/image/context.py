@@ -26,6 +26,7 @@ from gpux_pack.image.layout import LAYERS, Layer
 from gpux_pack.plan import UID, Plan
 from gpux_pack.project.preprocess import read_tokenizer
 from gpux_pack.project.skeleton import external_form
+from gpux_pack.runtime.paths import APP_DIR
 from gpux_pack.sources import runtime_files
 from gpux_pack.wheels import Installed, bytecode
 
@@ -80,7 +81,7 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> C
     entries = [
         Entry("Dockerfile", data=dockerfile.encode()),
         Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
-        layer(LAYERS["config"], [_file(LAYERS["config"].lands, data=_strict_json(plan.gpux_json))]),
+        layer(LAYERS["config"], [_file(LAYERS["config"].lands, data=config_file(plan))]),
     ]
     if installed is not None:
         entries += _runtime_base_entries(installed)
@@ -91,6 +92,27 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> C
         entries.append(layer(LAYERS["assets"], sorted(files, key=lambda m: m.name)))
     entries.append(layer(LAYERS["model"], model_members(plan)))
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
+
+
+def config_file(plan: Plan) -> bytes:
+    """gpux.json's bytes, as the image holds them (and as model signing signs them)."""
+    return _strict_json(plan.gpux_json)
+
+
+def answer_files(plan: Plan) -> list[tuple[str, bytes | Path]]:
+    """Every file that decides the image's answers, by its path under APP_DIR, as the image holds
+    it: gpux.json, preprocessing's assets (the tokenizer.json), the model's files. Model signing
+    signs exactly these (image/model_signature.py); what it leaves out is paths.UNSIGNED."""
+    files: list[tuple[str, bytes | Path]] = [(_under_app(LAYERS["config"].lands), config_file(plan))]
+    files += [(f"{_under_app(LAYERS['assets'].lands)}/{name}", read_tokenizer(plan.signature.text))
+              for name, _ in plan.assets]
+    files += [(f"{_under_app(LAYERS['model'].lands)}/{name}", plan.model.path.parent / name)
+              for name in plan.model_files]
+    return files
+
+
+def _under_app(lands: str) -> str:
+    return lands[len(APP_DIR) + 1:] if lands.startswith(f"{APP_DIR}/") else lands
 
 
 def model_members(plan: Plan) -> list[layer_tar.Member]:

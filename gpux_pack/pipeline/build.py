@@ -201,13 +201,13 @@ def prepare(
                   None if self_contained else client)
     if plan.externalize:
         ui.info(weights_note(plan.model.files[0], plan.model.inline_weights))
-    if plan.sign_model is not None:  # the model files as the image holds them, signed (OpenSSF model signing)
-        ui.info(f"signing the model files with {plan.sign_model}")
-        plan = replace(plan, signature_files=model_signature.sign(plan, plan.sign_model))
     text = plan.signature.text
     if text is not None and text.tokenizer.path is None:  # neither the project nor the Hugging Face cache has it
         ui.info(f"downloading tokenizer.json of {text.tokenizer.repo} from the Hugging Face Hub")
         plan = replace(plan, signature=replace(plan.signature, text=download(text)))
+    if plan.sign_model is not None:  # what decides the answers, as the image holds it (OpenSSF model signing)
+        ui.info(f"signing the model files, gpux.json and the assets with {plan.sign_model}")
+        plan = replace(plan, signature_files=model_signature.sign(plan, plan.sign_model))
     if self_contained:
         installed = install(plan.runtime_base, ui)
         return Prepared(plan, model_context(plan, installed, dockerfile(plan, part="image")))

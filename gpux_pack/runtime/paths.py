@@ -10,3 +10,7 @@ CACHE_PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's
 ASSETS = "assets"  # files preprocessing reads (a tokenizer.json), in APP_DIR: gpux.json names them from there
 MODEL_SIGNATURE = "model.sig"  # in ASSETS: the model files' OpenSSF model-signing bundle (build --sign-model)
 MODEL_PUBLIC_KEY = "model.pub"  # in ASSETS: the key that bundle verifies with
+# What model signing leaves out of APP_DIR: the packages and the runtime (the SBOM lists them), the
+# cache folders (caches.py checks a baked cache by its key) and the signature itself. Everything
+# else there (gpux.json, the model's files, preprocessing's assets) decides the answers: signed.
+UNSIGNED = ("site-packages", "runtime", "cache", "warm", f"{ASSETS}/{MODEL_SIGNATURE}", f"{ASSETS}/{MODEL_PUBLIC_KEY}")

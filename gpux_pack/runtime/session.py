@@ -86,7 +86,8 @@ class Model:
         spec = settings.spec
         original = settings.root / spec["model"]["path"]
         if model_check.wanted(spec, settings.verify_model):  # a changed model never loads
-            checked = model_check.verify(spec, settings.root, original.parent, settings.model_public_key)
+            checked = model_check.verify(spec, settings.config_path or settings.root / "gpux.json",
+                                         settings.model_public_key)
             log.info("model signature verified (%d file%s)", checked, "" if checked == 1 else "s")
         requested = [name for name, _ in settings.providers]
         _prepare_libraries(requested)

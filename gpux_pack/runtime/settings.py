@@ -78,6 +78,7 @@ class Settings:
     max_image_pixels: int = 40_000_000  # an image with more (width x height) is refused (413) before it is decoded
     verify_model: bool | None = None  # GPUX_VERIFY_MODEL: check the model's signature first (None: gpux.json says)
     model_public_key: Path | None = None  # GPUX_MODEL_PUBLIC_KEY: the key to check it with instead of the image's
+    config_path: Path | None = None  # the gpux.json read (GPUX_CONFIG's, else the image's): model signing covers it
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, limits: Any = None) -> "Settings":
@@ -124,6 +125,7 @@ class Settings:
         return cls(
             spec=spec,
             root=path.parent,
+            config_path=path,
             host=host or serving.get("host", "0.0.0.0"),
             port=port or int(serving.get("port", 8080)),
             log_level=log_level or "info",

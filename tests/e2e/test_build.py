@@ -392,10 +392,13 @@ def test_source_date_epoch_and_emptied_caches_give_the_same_image_and_sbom(docke
     assert ids[0] == ids[1] and sboms[0] == sboms[1]
 
 
-def test_a_signed_model_verifies_with_model_signing_and_a_changed_one_never_serves(docker_client, tags, tmp_path):
+def test_a_signed_model_verifies_with_model_signing_and_a_changed_one_never_serves(docker_client, tags, tmp_path,
+                                                                                  mlp_image):
     """build --sign-model: model-signing's own CLI verifies the bundle the image carries for the
-    model folder the image carries; the image (pack.verify_model) checks it and serves; an image
-    derived from it with one model byte changed exits at start with one line and never serves."""
+    image's folder (gpux.json, the model, the assets); the image (pack.verify_model) checks it and
+    serves; images derived from it with one model byte changed, or with its labels reversed in
+    gpux.json, exit at start with one line and never serve; an unsigned image asked to verify says
+    so in one line."""
     import shutil
     import sys
     from pathlib import Path
@@ -414,38 +417,55 @@ def test_a_signed_model_verifies_with_model_signing_and_a_changed_one_never_serv
         f.write("\npack:\n  verify_model: true\n")
     image = build_image(project, tags("signed:1"), "--provider", "cpu", "--sign-model", str(tmp_path / "key.pem"))
     container = docker_client.containers.create(image["tag"])
+    out = tmp_path / "from-image" / "gpux"
     try:
-        out = tmp_path / "from-image"
-        for folder in ("/opt/gpux/model", "/opt/gpux/assets"):
-            stream, _ = container.get_archive(folder)
+        for path in ("/opt/gpux/model", "/opt/gpux/assets", "/opt/gpux/gpux.json"):
+            stream, _ = container.get_archive(path)
             with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
                 tar.extractall(out, filter="data")
     finally:
         container.remove(force=True)
     cli = Path(sys.executable).parent / "model_signing"
-    verified = subprocess.run([str(cli), "verify", "key", str(out / "model"), "--signature",
+    verified = subprocess.run([str(cli), "verify", "key", str(out), "--signature",
                                str(out / "assets" / "model.sig"), "--public_key", str(tmp_path / "key.pub")],
                               capture_output=True, text=True, timeout=120)
     assert verified.returncode == 0 and "Verification succeeded" in verified.stdout + verified.stderr, verified
     with serve(image["tag"], read_only=True, tmpfs={"/tmp": ""}) as server:
         assert server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}).status_code == 200
-    context = tmp_path / "altered"
-    context.mkdir()
+
+    def refused(base: str, name: str, data: bytes, target: str, **env: str) -> str:
+        """The one line a container of `base` with `target` replaced by `data` exits with."""
+        context = tmp_path / name
+        context.mkdir()
+        if data:
+            (context / "file").write_bytes(data)
+        copy = f"COPY file {target}\n" if data else ""
+        (context / "Dockerfile").write_text(f"FROM {base}\n{copy}")
+        altered, _ = docker_client.images.build(path=str(context), tag=tags(f"signed:{name}"), rm=True)
+        try:
+            run = docker_client.containers.run(altered.id, detach=True, read_only=True, tmpfs={"/tmp": ""},
+                                               labels={"io.gpux.pack.role": "test"}, environment=env)
+            try:
+                code = run.wait(timeout=120)["StatusCode"]
+                logs = run.logs().decode(errors="replace")
+            finally:
+                run.remove(force=True)
+        finally:
+            shutil.rmtree(context, ignore_errors=True)
+        failures = [line for line in logs.splitlines() if "model verification failed" in line or
+                    "GPUX_VERIFY_MODEL=1" in line]
+        assert code != 0 and len(failures) == 1 and "Traceback" not in logs, logs
+        return failures[0]
+
     data = bytearray((out / "model" / "model.onnx").read_bytes())
     data[-1] ^= 1
-    (context / "model.onnx").write_bytes(bytes(data))
-    (context / "Dockerfile").write_text(f"FROM {image['tag']}\nCOPY model.onnx /opt/gpux/model/model.onnx\n")
-    altered, _ = docker_client.images.build(path=str(context), tag=tags("signed:altered"), rm=True)
-    try:
-        run = docker_client.containers.run(altered.id, detach=True, read_only=True, tmpfs={"/tmp": ""},
-                                           labels={"io.gpux.pack.role": "test"})
-        try:
-            code = run.wait(timeout=120)["StatusCode"]
-            logs = run.logs().decode(errors="replace")
-        finally:
-            run.remove(force=True)
-        failures = [line for line in logs.splitlines() if "model verification failed" in line]
-        assert code != 0 and len(failures) == 1 and "model.onnx changed since it was signed" in failures[0], logs
-        assert "Traceback" not in logs
-    finally:
-        shutil.rmtree(context, ignore_errors=True)
+    assert "model/model.onnx changed since it was signed" in refused(image["tag"], "weights", bytes(data),
+                                                                     "/opt/gpux/model/model.onnx")
+    spec = json.loads((out / "gpux.json").read_text())
+    logits = next(o for o in spec["outputs"] if o.get("labels"))
+    logits["labels"] = logits["labels"][::-1]
+    assert "gpux.json changed since it was signed" in refused(image["tag"], "labels", json.dumps(spec).encode(),
+                                                              "/opt/gpux/gpux.json")
+    # an image built without --sign-model has no cryptography in its lock: still one line
+    assert "this image carries no model signature" in refused(mlp_image["tag"], "unsigned", b"", "",
+                                                              GPUX_VERIFY_MODEL="1")
