@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,14 @@ from gpux_pack.registry.index import INDEX, MANIFESTS, Registry
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 EMPTY = b"{}"  # the OCI empty descriptor's content
 EMPTY_MEDIA = "application/vnd.oci.empty.v1+json"
+MAX_DOCUMENT = 64 << 20  # an attached document larger than this is refused unread (a gpux SBOM is about 1 MiB)
+MAX_MANIFEST = 4 << 20  # Distribution's own limit on a manifest
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+class Unreadable(DockerError):
+    """An attached artifact that is not one bounded, digest-checked document; the message is the
+    predicate ("is not a JSON manifest"), the caller names the artifact."""
 
 
 @dataclass(frozen=True)
@@ -74,25 +83,86 @@ def referrers(client: Any, repository: str, subject: str) -> list[dict[str, Any]
     registry = Registry(client, repository, actions="pull")
     response = registry.request("GET", f"referrers/{subject}", headers={"Accept": INDEX})
     if response.status_code == 200 and response.headers.get("Content-Type", "").startswith(INDEX):
-        return list(response.json().get("manifests") or [])
-    try:
-        return list(registry.manifest(tag_of(subject)).body.get("manifests") or [])
-    except KeyError:
-        return []
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+    else:
+        try:
+            body = registry.manifest(tag_of(subject)).body
+        except KeyError:
+            body = None
+    listed = body.get("manifests") if isinstance(body, dict) else None
+    return [d for d in listed if isinstance(d, dict)] if isinstance(listed, list) else []
 
 
-def fetch(client: Any, repository: str, descriptor: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-    """An artifact's manifest and its one layer's bytes, each checked against its digest."""
+def fetch(client: Any, repository: str, descriptor: dict[str, Any],
+          limit: int | None = None) -> tuple[dict[str, Any], bytes]:
+    """An artifact's manifest and its one layer's bytes, each checked against its digest. Bounded:
+    whatever a registry serves, a manifest over 4 MiB or a document over `limit` (MAX_DOCUMENT) is
+    refused, by its declared size before the download and by the bytes read (no more than declared).
+    Unreadable says what is wrong."""
+    limit = MAX_DOCUMENT if limit is None else limit
     registry = Registry(client, repository, actions="pull")
-    response = registry.request("GET", f"manifests/{descriptor['digest']}", headers={"Accept": MANIFEST})
-    registry.check(response, f"artifact {repository}@{descriptor['digest']}")
-    if _digest(response.content) != descriptor["digest"]:
-        raise DockerError(f"registry {registry.name} returned other bytes for {repository}@{descriptor['digest']}")
-    manifest = json.loads(response.content)
-    layers = manifest.get("layers") or []
-    if len(layers) != 1:
-        raise DockerError(f"{repository}@{descriptor['digest']} has {len(layers)} layers; an attached document has one")
-    return manifest, registry.blob(layers[0]["digest"])
+    digest, size = descriptor.get("digest"), descriptor.get("size")
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+        raise Unreadable("has no sha256 digest in the referrers list")
+    if _count(size) and size > MAX_MANIFEST:
+        raise Unreadable(f"has a manifest of {size} bytes (more than {size_text(MAX_MANIFEST)}): refused unread")
+    body = read(registry, f"manifests/{digest}", MAX_MANIFEST, f"artifact {repository}@{digest}",
+                {"Accept": MANIFEST})
+    if _digest(body) != digest:
+        raise Unreadable(f"was served by registry {registry.name} as other bytes (sha256 {_digest(body)})")
+    try:
+        manifest = json.loads(body)
+    except (ValueError, RecursionError):
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise Unreadable("has a manifest that is not a JSON object")
+    layers = manifest.get("layers")
+    if not isinstance(layers, list) or len(layers) != 1 or not isinstance(layers[0], dict):
+        count = len(layers) if isinstance(layers, list) else 0
+        raise Unreadable(f"has {count} layer descriptors; an attached document is one")
+    layer, size = layers[0].get("digest"), layers[0].get("size")
+    if not isinstance(layer, str) or not DIGEST.fullmatch(layer) or not _count(size):
+        raise Unreadable("has a layer without a sha256 digest and a size")
+    if size > limit:
+        raise Unreadable(f"is a document of {size} bytes (more than {size_text(limit)}): refused unread")
+    data = read(registry, f"blobs/{layer}", size, f"blob {repository}@{layer}")
+    if len(data) != size or _digest(data) != layer:
+        raise Unreadable(f"was served by registry {registry.name} as other bytes than its layer {layer}")
+    return manifest, data
+
+
+def read(registry: Registry, path: str, limit: int, what: str, headers: dict[str, str] | None = None) -> bytes:
+    """GET /v2/<name>/<path>, at most `limit` bytes of it (streamed: a registry that sends more is
+    cut off there, Unreadable)."""
+    import requests
+
+    response = registry.request("GET", path, headers=headers, stream=True)
+    try:
+        registry.check(response, what)
+        chunks, total = [], 0
+        for chunk in response.iter_content(1 << 16):
+            total += len(chunk)
+            if total > limit:
+                raise Unreadable(f"is more than {size_text(limit)} as served: refused")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except requests.RequestException as e:
+        raise DockerError(f"{what} on {registry.name}: the download broke off ({type(e).__name__})") from None
+    finally:
+        response.close()
+
+
+def size_text(n: int) -> str:
+    """A cap in words: 64 MiB, or its bytes where it is not whole MiB."""
+    return f"{n >> 20} MiB" if n and not n % (1 << 20) else f"{n} bytes"
+
+
+def _count(value: Any) -> bool:
+    """A JSON size: a non-negative integer (not a bool, a float or a string)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _subject(registry: Registry, digest: str) -> dict[str, Any]:

@@ -102,11 +102,11 @@ def test_the_sbom_lists_every_package_the_image_holds(pushed, docker_client, tmp
     from packaging.utils import canonicalize_name
 
     from gpux_pack.image import sbom
-    from gpux_pack.pipeline import attest
+    from gpux_pack.image import attestation_store
 
     tag, _ = pushed
     image = docker_client.images.get(tag)
-    doc = json.loads((attest.folder_of(image.id) / attest.SBOM_FILE).read_bytes())
+    doc = json.loads((attestation_store.folder_of(image.id) / attestation_store.SBOM_FILE).read_bytes())
     assert sbom.validate(doc) is None
     purls = {c.get("purl", "").split("?")[0] for c in doc["components"]}
     dists, status = set(), ""
@@ -142,7 +142,7 @@ def test_the_registry_serves_the_sbom_and_provenance_as_referrers_of_the_digest(
     referrers API: 404)."""
     import requests
 
-    from gpux_pack.pipeline import attest
+    from gpux_pack.image import attestation_store
 
     tag, digest = pushed
     repository, sha = digest.split("@")
@@ -167,7 +167,7 @@ def test_the_registry_serves_the_sbom_and_provenance_as_referrers_of_the_digest(
     assert statement["subject"] == [{"name": repository, "digest": {"sha256": sha.split(":")[1]}}]
     assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
     image_id = docker_client.images.get(tag).id
-    assert documents["application/vnd.cyclonedx+json"] == (attest.folder_of(image_id) / attest.SBOM_FILE).read_bytes()
+    assert documents["application/vnd.cyclonedx+json"] == (attestation_store.folder_of(image_id) / attestation_store.SBOM_FILE).read_bytes()
 
 
 def _key_pair(folder: Path, name: str) -> tuple[Path, Path, object]:
@@ -276,6 +276,94 @@ def test_a_signature_verifies_with_cosign_s_scheme_and_a_forgery_does_not(pushed
                  headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
     assert "not signed with this key (a signature does not verify with this key)" in refused(digest, public)
 
+
+def test_verify_reads_the_attached_documents_and_a_forged_one_fails(pushed, registry, tmp_path, docker_client):
+    """`gpux-pack verify` reads what is attached, not only its subject: forgeries written through
+    the registry's API into the referrers tag index (an entry replaced, or one added), each
+    naming the digest as subject, fail with one line naming the document and what is wrong;
+    with the genuine index back, the image verifies and the output says what was checked."""
+    import hashlib
+
+    import requests
+
+    tag, digest = pushed
+    env = _docker_config(tmp_path, registry, PASSWORD)
+    private, public, _ = _key_pair(tmp_path, "documents")
+    assert run_cli("sign", tag, "--key", str(private), env=env).returncode == 0
+    repository, sha = digest.split("@")
+    image = docker_client.images.get(tag)
+    model = image.labels["io.gpux.model.sha256"]
+    auth = (USER, PASSWORD)
+    base = f"http://{registry}/v2/{repository.split('/', 1)[1]}"
+    manifest_type, index_type = "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json"
+    sbom_type, provenance_type = "application/vnd.cyclonedx+json", "application/vnd.in-toto+json"
+
+    def blob(data: bytes) -> str:
+        digest_ = "sha256:" + hashlib.sha256(data).hexdigest()
+        location = requests.post(f"{base}/blobs/uploads/", auth=auth, timeout=10).headers["Location"]
+        location = location if "://" in location else f"http://{registry}{location}"
+        assert requests.put(f"{location}&digest={digest_}", data=data, auth=auth, timeout=10).status_code == 201
+        return digest_
+
+    def listed(artifact_type: str, data: bytes, replace: bool) -> str:
+        """An artifact manifest of `data` whose subject is the image, in the referrers tag index."""
+        body = json.dumps({"schemaVersion": 2, "mediaType": manifest_type, "artifactType": artifact_type,
+                           "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": blob(b"{}"),
+                                      "size": 2},
+                           "layers": [{"mediaType": artifact_type, "digest": blob(data), "size": len(data)}],
+                           "subject": {"mediaType": manifest_type, "digest": sha, "size": subject_size}}).encode()
+        artifact = "sha256:" + hashlib.sha256(body).hexdigest()
+        assert requests.put(f"{base}/manifests/{artifact}", data=body, auth=auth, timeout=10,
+                            headers={"Content-Type": manifest_type}).status_code == 201
+        index = json.loads(genuine)
+        index["manifests"] = [d for d in index["manifests"] if not replace or d["artifactType"] != artifact_type]
+        index["manifests"].append({"mediaType": manifest_type, "digest": artifact, "size": len(body),
+                                   "artifactType": artifact_type})
+        put_index(json.dumps(index).encode())
+        return artifact
+
+    def put_index(body: bytes) -> None:
+        assert requests.put(f"{base}/manifests/{sha.replace(':', '-')}", data=body, auth=auth, timeout=10,
+                            headers={"Content-Type": index_type}).status_code == 201
+
+    subject_size = len(requests.get(f"{base}/manifests/{sha}", auth=auth, timeout=10,
+                                    headers={"Accept": manifest_type}).content)
+    genuine = requests.get(f"{base}/manifests/{sha.replace(':', '-')}", auth=auth, timeout=10,
+                           headers={"Accept": index_type}).content
+    documents = {}
+    for entry in json.loads(genuine)["manifests"]:
+        layer = requests.get(f"{base}/manifests/{entry['digest']}", auth=auth, timeout=10,
+                             headers={"Accept": manifest_type}).json()["layers"][0]["digest"]
+        documents[entry["artifactType"]] = requests.get(f"{base}/blobs/{layer}", auth=auth, timeout=10).content
+    other_id = docker_client.images.get(BASE_IMAGE).id  # another image's SBOM: this one's, naming the base
+    other_sbom = documents[sbom_type].replace(image.id.encode(), other_id.encode())
+    statement = json.loads(documents[provenance_type])
+    forgeries = [
+        (sbom_type, b"\x00garbage", True, "is not JSON"),
+        (sbom_type, b"{}", False, "is not a CycloneDX SBOM (bomFormat null)"),
+        (sbom_type, other_sbom, True, f'names image "{other_id}", not this image {image.id}'),
+        (provenance_type, json.dumps(dict(statement, predicateType="https://cosign.sigstore.dev/attestation/v1"))
+         .encode(), False, 'has predicateType "https://cosign.sigstore.dev/attestation/v1", not SLSA Provenance v1 '
+         '(https://slsa.dev/provenance/v1)'),
+        (provenance_type, json.dumps([statement]).encode(), True, "is not a JSON object (a list)"),
+    ]
+    try:
+        for artifact_type, data, replace, problem in forgeries:
+            artifact = listed(artifact_type, data, replace)
+            proc = run_cli("verify", tag, "--key", str(public), env=env)
+            errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+            what = "SBOM" if artifact_type == sbom_type else "provenance"
+            assert proc.returncode == 1 and errors == [f"error: {digest}: the attached {what} {artifact} {problem}"], \
+                (problem, proc.returncode, proc.stderr[-2000:])
+            assert "Traceback" not in proc.stderr
+    finally:
+        put_index(genuine)
+    ok = run_cli("verify", tag, "--key", str(public), env=env)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert f"CycloneDX, names image {image.id} and model sha256:{model}" in ok.stdout, ok.stdout
+    assert f"SLSA v1 of gpux-pack's build type, subject this digest, model sha256:{model}" in ok.stdout, ok.stdout
+    done = json.loads(run_cli("verify", digest, "--key", str(public), "--json", env=env).stdout)
+    assert [(i["image_id"], i["model_sha256"]) for i in done["images"]] == [(image.id, model)]
 
 def _compose_schema(tmp_path: Path) -> dict:
     """The compose-spec JSON Schema, as docker-compose 1.29.2 ships it (read from its wheel)."""

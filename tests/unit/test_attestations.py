@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,50 +190,309 @@ def _key(tmp_path: Path) -> tuple[Path, Path]:
     return private, public
 
 
+def _signed_image(tmp_path: Path, project: Path, private: Path) -> Path:
+    """An image's /opt/gpux as a build lays it out, signed with `private` (model, gpux.json, assets)."""
+    from gpux_pack.image import context, model_signature
+
+    loaded = build.load(project)
+    plan = build.plan_for(loaded, "cpu", "test", Options(sign_model=private), None, Reporter(quiet=True), pull=False)
+    signed = dict(model_signature.sign(plan, private))
+    image = tmp_path / "image"
+    for name, content in context.answer_files(plan):
+        (image / name).parent.mkdir(parents=True, exist_ok=True)
+        (image / name).write_bytes(content if isinstance(content, bytes) else content.read_bytes())
+    (image / "assets").mkdir(exist_ok=True)
+    for name, data in signed.items():
+        (image / "assets" / name).write_bytes(data)
+    (image / "cache").mkdir()
+    return image
+
+
 def test_a_signed_model_is_checked_before_it_loads_and_a_changed_byte_refuses_to_start(tmp_path):
-    from gpux_pack.image import model_signature
     from gpux_pack.runtime.session import Model
     from gpux_pack.runtime.settings import StartupError
     from tests.in_process import settings
 
     private, public = _key(tmp_path)
-    loaded = build.load(ROOT / "examples" / "mlp")
-    plan = build.plan_for(loaded, "cpu", "test", Options(sign_model=private), None, Reporter(quiet=True), pull=False)
-    files = dict(model_signature.sign(plan, private))
-    assert plan.gpux_json["model_signature"] == {"bundle": "assets/model.sig", "public_key": "assets/model.pub",
-                                                 "verify": False}
-    assert "cryptography>=42" in plan.requirements
-    image = tmp_path / "image"
-    (image / "model").mkdir(parents=True)
-    (image / "assets").mkdir()
-    shutil.copy(ROOT / "examples/mlp/model.onnx", image / "model" / "model.onnx")
-    for name, data in files.items():
-        (image / "assets" / name).write_bytes(data)
-    (image / "gpux.json").write_text(json.dumps(plan.gpux_json))
+    image = _signed_image(tmp_path, ROOT / "examples" / "mlp", private)
+    spec = json.loads((image / "gpux.json").read_text())
+    assert spec["model_signature"] == {"bundle": "assets/model.sig", "public_key": "assets/model.pub", "verify": False}
+    assert sorted(p.relative_to(image).as_posix() for p in image.rglob("*") if p.is_file()) == [
+        "assets/model.pub", "assets/model.sig", "gpux.json", "model/model.onnx"]
     Model.load(settings(image, GPUX_VERIFY_MODEL="1"), warm_up=False)  # verifies
-    # model-signing's own verifier accepts the bundle for the model folder
+    # model-signing's own verifier accepts the bundle for the image's folder, with what it left out
     from model_signing import verifying
 
-    verifying.Config().use_elliptic_key_verifier(public_key=public).verify(image / "model", image / "assets/model.sig")
+    (image / "site-packages").mkdir()
+    (image / "site-packages" / "x.py").write_text("")
+    verifying.Config().use_elliptic_key_verifier(public_key=public).verify(image, image / "assets/model.sig")
     data = bytearray((image / "model/model.onnx").read_bytes())
     data[-1] ^= 1
     (image / "model/model.onnx").write_bytes(bytes(data))
-    with pytest.raises(StartupError, match=r"^model verification failed: model.onnx changed since it was signed"):
+    with pytest.raises(StartupError, match=r"^model verification failed: model/model.onnx changed since it was signed"):
         Model.load(settings(image, GPUX_VERIFY_MODEL="1"), warm_up=False)
     Model.load(settings(image), warm_up=False)  # not asked (pack.verify_model false): it loads
+    data[-1] ^= 1
+    (image / "model/model.onnx").write_bytes(bytes(data))
     (image / "model/extra.bin").write_bytes(b"x")
-    with pytest.raises(StartupError, match=r"the model folder differs from what was signed \(not signed: extra.bin\)"):
+    with pytest.raises(StartupError, match=r"the image's files differ from what was signed \(not signed: model/extra.bin\)"):
         Model.load(settings(image, GPUX_VERIFY_MODEL="1"), warm_up=False)
+    (image / "model/extra.bin").unlink()
     _, other = _key(tmp_path / "other") if (tmp_path / "other").mkdir() is None else (None, None)
     with pytest.raises(StartupError, match=r"the model signature does not verify with model.pub.pem"):
         Model.load(settings(image, GPUX_VERIFY_MODEL="1", GPUX_MODEL_PUBLIC_KEY=str(other)), warm_up=False)
+    Model.load(settings(image, GPUX_VERIFY_MODEL="1", GPUX_MODEL_PUBLIC_KEY=str(public)), warm_up=False)
 
 
-def test_verify_model_without_a_signature_refuses_to_start(tmp_path):
+def test_model_signing_covers_gpux_json_and_the_tokenizer(tmp_path):
+    """Labels reversed or the tokenizer's vocabulary changed decide other answers from the same
+    weights: with the operator's key, neither starts."""
+    from gpux_pack.runtime.session import Model
+    from gpux_pack.runtime.settings import StartupError
+    from tests.in_process import settings
+
+    private, public = _key(tmp_path)
+    from tests import text_project
+
+    image = _signed_image(tmp_path, text_project.make(tmp_path / "text"), private)
+    assert (image / "assets/tokenizer.json").is_file()
+    Model.load(settings(image, GPUX_VERIFY_MODEL="1", GPUX_MODEL_PUBLIC_KEY=str(public)), warm_up=False)
+    original = (image / "gpux.json").read_bytes()
+    spec = json.loads(original)
+    labelled = next(o for o in spec["outputs"] if o.get("labels"))
+    labelled["labels"] = labelled["labels"][::-1]
+    (image / "gpux.json").write_text(json.dumps(spec))
+    with pytest.raises(StartupError, match=r"^model verification failed: gpux.json changed since it was signed"):
+        Model.load(settings(image, GPUX_VERIFY_MODEL="1", GPUX_MODEL_PUBLIC_KEY=str(public)), warm_up=False)
+    (image / "gpux.json").write_bytes(original)
+    tokenizer = image / "assets/tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace('"great"', '"awful"', 1))
+    with pytest.raises(StartupError, match=r"^model verification failed: assets/tokenizer.json changed since it"):
+        Model.load(settings(image, GPUX_VERIFY_MODEL="1", GPUX_MODEL_PUBLIC_KEY=str(public)), warm_up=False)
+
+
+def test_verify_model_without_a_signature_refuses_to_start(tmp_path, monkeypatch):
     from gpux_pack.runtime.session import Model
     from gpux_pack.runtime.settings import StartupError
     from tests.in_process import settings, spec_dir
 
     folder = spec_dir(tmp_path, "mlp")
-    with pytest.raises(StartupError, match=r"^GPUX_VERIFY_MODEL=1, but this image carries no model signature"):
-        Model.load(settings(folder, GPUX_VERIFY_MODEL="1"), warm_up=False)
+    with monkeypatch.context() as patched:  # an unsigned image's lock has no cryptography
+        for name in [n for n in sys.modules if n == "cryptography" or n.startswith("cryptography.")]:
+            patched.delitem(sys.modules, name)
+        patched.setitem(sys.modules, "cryptography", None)
+        with pytest.raises(StartupError, match=r"^GPUX_VERIFY_MODEL=1, but this image carries no model signature"):
+            Model.load(settings(folder, GPUX_VERIFY_MODEL="1"), warm_up=False)
+
+
+# What `gpux-pack verify` checks in each attached document (registry/signatures.py): pure
+# functions of the document's bytes and the image (its id, its model's sha256, the digest).
+
+IMAGE_ID, OTHER_ID = "sha256:" + "c" * 64, "sha256:" + "9" * 64
+DIGEST = "sha256:" + "d" * 64
+
+
+@pytest.fixture
+def documents(plan):
+    """The SBOM and provenance gpux-pack's own code writes for examples/mlp's image IMAGE_ID
+    pushed as DIGEST, and the model's sha256 (the image's io.gpux.model.sha256 label)."""
+    predicate = provenance.predicate(plan, "2023-11-14T22:13:20Z", "2023-11-14T22:13:20Z", {"push": True})
+    return (sbom.document(plan, IMAGE_ID), provenance.statement([("registry/team/mlp", DIGEST)], predicate),
+            plan.model.sha256)
+
+
+def test_verify_s_constants_are_the_writers(plan):
+    """registry/ may not import image/ (the layering), so verify keeps its own copies: pinned here."""
+    from gpux_pack.registry import signatures
+
+    assert (signatures.SBOM_MEDIA, signatures.PROVENANCE_MEDIA) == (sbom.MEDIA_TYPE, provenance.MEDIA_TYPE)
+    assert (signatures.STATEMENT, signatures.PREDICATE, signatures.BUILD_TYPE) == (
+        provenance.STATEMENT, provenance.PREDICATE, provenance.BUILD_TYPE)
+    from gpux_pack.plan import labels
+
+    assert labels(plan)[signatures.MODEL_LABEL] == plan.model.sha256
+
+
+def test_verify_accepts_the_documents_gpux_pack_writes_built_and_warmed(documents, plan):
+    from gpux_pack.registry import signatures
+
+    sbom_doc, statement, model = documents
+    signatures.check_sbom(sbom_doc, IMAGE_ID, model, DIGEST)
+    signatures.check_provenance(statement, IMAGE_ID, model, DIGEST)
+    warmed = "sha256:" + "f" * 64  # a baked warmup's image: the parent's documents, the new id
+    signatures.check_sbom(sbom.with_cache(sbom_doc, warmed, CACHE), warmed, model, DIGEST)
+    predicate = provenance.with_cache(json.loads(statement)["predicate"], IMAGE_ID, CACHE, "2023-11-14T22:14:00Z")
+    signatures.check_provenance(provenance.statement([("r/m", DIGEST), ("r/m", "sha256:" + "1" * 64)], predicate),
+                                warmed, model, DIGEST)
+
+
+def _edit(data: bytes, change) -> bytes:
+    doc = json.loads(data)
+    change(doc)
+    return json.dumps(doc).encode()
+
+
+def _model_component(doc: dict) -> dict:
+    return next(c for c in doc["components"] if c["type"] == "machine-learning-model")
+
+
+def _image_props(doc: dict) -> list:
+    return doc["metadata"]["component"]["properties"]
+
+
+SBOM_FORGERIES = {
+    "garbage": (lambda d: b"\x00garbage", "is not JSON"),
+    "not utf-8": (lambda d: b'{"bomFormat": "\xff\xfe"}', "is not JSON"),
+    "empty object": (lambda d: b"{}", "is not a CycloneDX SBOM (bomFormat null)"),
+    "a list": (lambda d: b"[1, 2]", "is not a JSON object (a list)"),
+    "a string": (lambda d: b'"CycloneDX"', "is not a JSON object (a string)"),
+    "a number": (lambda d: b"1e999", "is not a JSON object (a number)"),
+    "nested too deep": (lambda d: b"[" * 200_000 + b"]" * 200_000, "nested too deep"),
+    "spdx": (lambda d: b'{"spdxVersion": "SPDX-2.3"}', "is not a CycloneDX SBOM"),
+    "no spec version": (lambda d: _edit(d, lambda x: x.pop("specVersion")), "has no CycloneDX specVersion"),
+    "spec version a number": (lambda d: _edit(d, lambda x: x.update(specVersion=1.6)),
+                              "has no CycloneDX specVersion (found 1.6)"),
+    "no metadata": (lambda d: _edit(d, lambda x: x.pop("metadata")), "has no metadata.component"),
+    "metadata a list": (lambda d: _edit(d, lambda x: x.update(metadata=[])), "has no metadata.component"),
+    "component a number": (lambda d: _edit(d, lambda x: x["metadata"].update(component=7)),
+                           "has no metadata.component"),
+    "no image id": (lambda d: _edit(d, lambda x: x["metadata"]["component"].pop("properties")),
+                    "names no image (metadata.component has no gpux:image_id property)"),
+    "properties a string": (lambda d: _edit(d, lambda x: x["metadata"]["component"].update(properties="x")),
+                            "names no image"),
+    "another image's": (lambda d: _edit(d, lambda x: [p.update(value=OTHER_ID) for p in _image_props(x)
+                                                      if p["name"] == "gpux:image_id"]),
+                        f'names image "{OTHER_ID}", not this image {IMAGE_ID}'),
+    "two image ids": (lambda d: _edit(d, lambda x: _image_props(x).append({"name": "gpux:image_id",
+                                                                            "value": OTHER_ID})),
+                      "names image ["),
+    "image id a line break": (lambda d: _edit(d, lambda x: [p.update(value="a\nb") for p in _image_props(x)
+                                                            if p["name"] == "gpux:image_id"]),
+                              'names image "a\\nb"'),
+    "no model": (lambda d: _edit(d, lambda x: x.update(components=[c for c in x["components"]
+                                                                   if c["type"] != "machine-learning-model"])),
+                 "lists 0 machine-learning-model components"),
+    "components a dict": (lambda d: _edit(d, lambda x: x.update(components={})),
+                          "lists 0 machine-learning-model components"),
+    "two models": (lambda d: _edit(d, lambda x: x["components"].append(dict(_model_component(x), name="b"))),
+                   "lists 2 machine-learning-model components"),
+    "another model": (lambda d: _edit(d, lambda x: _model_component(x).update(
+        hashes=[{"alg": "SHA-256", "content": "e" * 64}])), f'lists model sha256 "{"e" * 64}", not this image'),
+    "model hash a number": (lambda d: _edit(d, lambda x: _model_component(x).update(
+        hashes=[{"alg": "SHA-256", "content": 5}])), "lists model sha256 5, not"),
+    "model without sha-256": (lambda d: _edit(d, lambda x: _model_component(x).update(
+        hashes=[{"alg": "MD5", "content": "0" * 32}])), "lists its model without a SHA-256"),
+    "model hashes a string": (lambda d: _edit(d, lambda x: _model_component(x).update(hashes="sha")),
+                              "lists its model without a SHA-256"),
+}
+
+
+@pytest.mark.parametrize("name", list(SBOM_FORGERIES))
+def test_verify_refuses_an_sbom_that_does_not_name_this_image_and_model(documents, name):
+    from gpux_pack.registry.signatures import VerifyError, check_sbom
+
+    make, message = SBOM_FORGERIES[name]
+    sbom_doc, _, model = documents
+    with pytest.raises(VerifyError) as raised:
+        check_sbom(make(sbom_doc), IMAGE_ID, model, DIGEST)
+    assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+
+
+def _predicate(x: dict) -> dict:
+    return x["predicate"]["buildDefinition"]
+
+
+def _model_dependency(x: dict) -> dict:
+    return next(d for d in _predicate(x)["resolvedDependencies"] if d["name"] == "model")
+
+
+PROVENANCE_FORGERIES = {
+    "garbage": (lambda d: b"\x00garbage", "is not JSON"),
+    "empty object": (lambda d: b"{}", "is not an in-toto Statement v1 (_type null)"),
+    "a list": (lambda d: b'[{"_type": "https://in-toto.io/Statement/v1"}]', "is not a JSON object (a list)"),
+    "a string": (lambda d: b'"x"', "is not a JSON object (a string)"),
+    "null": (lambda d: b"null", "is not a JSON object (a null)"),
+    "statement v0.1": (lambda d: _edit(d, lambda x: x.update(_type="https://in-toto.io/Statement/v0.1")),
+                       'is not an in-toto Statement v1 (_type "https://in-toto.io/Statement/v0.1")'),
+    "another predicate": (lambda d: _edit(d, lambda x: x.update(predicateType="https://cosign.sigstore.dev/attestation/vuln/v1")),
+                          'has predicateType "https://cosign.sigstore.dev/attestation/vuln/v1", not SLSA Provenance v1'),
+    "slsa 0.2": (lambda d: _edit(d, lambda x: x.update(predicateType="https://slsa.dev/provenance/v0.2")),
+                 "not SLSA Provenance v1"),
+    "another digest": (lambda d: _edit(d, lambda x: x.update(subject=[{"name": "r", "digest": {"sha256": "1" * 64}}])),
+                       f'has subject digests ["{"1" * 64}"], not this digest'),
+    "string subjects": (lambda d: _edit(d, lambda x: x.update(subject=["d" * 64, DIGEST])),
+                        "has subject digests [null, null], not this digest"),
+    "subject a dict": (lambda d: _edit(d, lambda x: x.update(subject={"digest": {"sha256": "d" * 64}})),
+                       "has subject digests [], not this digest"),
+    "digest a string": (lambda d: _edit(d, lambda x: x.update(subject=[{"digest": DIGEST}])),
+                        "has subject digests [null]"),
+    "no predicate": (lambda d: _edit(d, lambda x: x.pop("predicate")), "has buildType null, not gpux-pack's"),
+    "predicate a list": (lambda d: _edit(d, lambda x: x.update(predicate=[])), "has buildType null"),
+    "another build type": (lambda d: _edit(d, lambda x: _predicate(x).update(
+        buildType="https://actions.github.io/buildtypes/workflow/v1")),
+        'has buildType "https://actions.github.io/buildtypes/workflow/v1", not gpux-pack\'s'),
+    "no model dependency": (lambda d: _edit(d, lambda x: _predicate(x).update(resolvedDependencies=[
+        e for e in _predicate(x)["resolvedDependencies"] if e.get("name") != "model"])),
+        'lists 0 resolved dependencies named "model"'),
+    "dependencies a number": (lambda d: _edit(d, lambda x: _predicate(x).update(resolvedDependencies=3)),
+                              'lists 0 resolved dependencies named "model"'),
+    "another model": (lambda d: _edit(d, lambda x: _model_dependency(x).update(digest={"sha256": "e" * 64})),
+                      f'lists model sha256 "{"e" * 64}", not this image\'s model'),
+    "model digest a list": (lambda d: _edit(d, lambda x: _model_dependency(x).update(digest=["x"])),
+                            "lists model sha256 null"),
+}
+
+
+@pytest.mark.parametrize("name", list(PROVENANCE_FORGERIES))
+def test_verify_refuses_a_provenance_that_is_not_gpux_pack_s_of_this_digest(documents, name):
+    from gpux_pack.registry.signatures import VerifyError, check_provenance
+
+    make, message = PROVENANCE_FORGERIES[name]
+    _, statement, model = documents
+    with pytest.raises(VerifyError) as raised:
+        check_provenance(make(statement), IMAGE_ID, model, DIGEST)
+    assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+
+
+def _paths(doc, prefix=(), depth=6):
+    """Every path into a JSON document down to `depth` (lists by index), the document's own first."""
+    yield prefix
+    if depth == 0:
+        return
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        yield from _paths(value, prefix + (key,), depth - 1)
+
+
+def test_verify_never_fails_other_than_one_line_whatever_json_a_document_holds(documents):
+    """Each value the checks read (and its parents) replaced by every JSON type: the check passes
+    or raises VerifyError with one line, never another exception."""
+    from gpux_pack.registry.signatures import VerifyError, check_provenance, check_sbom
+
+    sbom_doc, statement, model = documents
+    short = json.loads(sbom_doc)
+    short["components"] = [_model_component(short)]  # the packages' hundreds of paths add nothing here
+    for check, doc in ((check_sbom, short), (check_provenance, json.loads(statement))):
+        for path in _paths(doc):
+            for value in ([], {}, "x", 0, 1.5, None, True, [None], {"sha256": None}):
+                changed = json.loads(json.dumps(doc))
+                if path:
+                    parent = changed
+                    for key in path[:-1]:
+                        parent = parent[key]
+                    parent[path[-1]] = value
+                else:
+                    changed = value
+                try:
+                    check(json.dumps(changed).encode(), IMAGE_ID, model, DIGEST)
+                except VerifyError as e:
+                    assert "\n" not in str(e) and len(str(e)) < 400, (path, value, str(e))
+
+
+def test_verify_refuses_a_document_over_its_size_cap_unparsed(documents, monkeypatch):
+    from gpux_pack.registry.signatures import VerifyError, check_sbom
+
+    sbom_doc, _, model = documents
+    monkeypatch.setattr(referrers, "MAX_DOCUMENT", len(sbom_doc) - 1)
+    with pytest.raises(VerifyError, match=rf"^is {len(sbom_doc)} bytes, more than {len(sbom_doc) - 1} bytes: refused$"):
+        check_sbom(sbom_doc, IMAGE_ID, model, DIGEST)
