@@ -189,6 +189,9 @@ def download(step: TextStep, cache_dir: Path | None = None) -> TextStep:
     return replace(step, tokenizer=Tokenizer(step.tokenizer.name, Path(path), source="download"))
 
 
+SAMPLE_TEXT = "Checking the tokenizer: Hello, World! 42 qzxjvk \u00fcn\u00efc\u00f8d\u00e9 \u2603"  # words outside any vocabulary too
+
+
 def read_tokenizer(step: TextStep) -> bytes:
     """The tokenizer.json's bytes, checked: JSON with a tokenizer model in it, and within
     MAX_TOKENIZER_BYTES; loaded with the `tokenizers` library when this machine has it."""
@@ -214,10 +217,15 @@ def read_tokenizer(step: TextStep) -> bytes:
     except ImportError:
         return data
     try:
-        Loader.from_str(data.decode())
+        loaded = Loader.from_str(data.decode())
     except Exception as e:
         raise UsageError(f"{path}: the tokenizers library cannot load it: "
                               f"{(str(e).splitlines() or [type(e).__name__])[0][:200]}") from None
+    try:  # what every request does: a tokenizer that loads can still refuse each text (a WordLevel without its unk_token)
+        loaded.encode_batch([SAMPLE_TEXT], add_special_tokens=True)
+    except Exception as e:
+        raise UsageError(f"{path}: the tokenizers library loads it but cannot encode a sample text "
+                         f"({ascii(SAMPLE_TEXT)}): {(str(e).splitlines() or [type(e).__name__])[0][:200]}") from None
     return data
 
 

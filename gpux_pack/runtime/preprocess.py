@@ -88,7 +88,10 @@ class Text:
                 texts[i] = text[:cap]  # past what max_length tokens can reach
         if charge is not None:
             charge(BYTES_PER_CHAR * sum(len(t) for t in texts))
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        try:
+            encodings = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        except Exception:  # the tokenizer refuses a text (its own error type): say which, as the request's fault
+            raise self._refused(texts) from None
         if not self.truncation:
             for i, e in enumerate(encodings):
                 if len(e.overflowing) or sum(e.attention_mask) > self.max_length:
@@ -103,6 +106,17 @@ class Text:
                                 "token_type_ids": "type_ids"}[role]) for e in encodings]
             out[name] = np.array(rows, dtype=dtype).reshape(len(encodings), -1)
         return out
+
+
+    def _refused(self, texts: list[str]) -> RequestError:
+        """The first text the tokenizer refuses, and why, in one line."""
+        for i, text in enumerate(texts):
+            try:
+                self.tokenizer.encode(text, add_special_tokens=True)
+            except Exception as e:
+                return RequestError(f"input '{self.input}'[{i}]: the model's tokenizer cannot encode this text "
+                                    f"({_first(e)})")
+        return RequestError(f"input '{self.input}': the model's tokenizer cannot encode these texts together")
 
 
 def _texts(name: str, value: Any) -> list[str]:

@@ -118,6 +118,28 @@ def test_bad_text_requests_are_one_400_naming_the_input(served, body, status, me
     assert served.request("GET", "/v2/health/ready")[0] == 200
 
 
+def _without_unk(project: Path) -> None:
+    """The project's tokenizer.json with its [UNK] entry gone (as a save of a vocabulary with a
+    repeated id drops one): it loads, and refuses every text with a word outside its vocabulary."""
+    doc = json.loads((project / "tokenizer.json").read_text())
+    del doc["model"]["vocab"]["[UNK]"]
+    (project / "tokenizer.json").write_text(json.dumps(doc))
+
+
+def test_a_tokenizer_that_cannot_encode_is_refused_at_build_and_a_400_in_the_image(tmp_path):
+    project = text_project.make(tmp_path / "p")
+    _without_unk(project)
+    with pytest.raises(UsageError, match=r"tokenizer.json: the tokenizers library loads it but cannot encode a sample "
+                                         r"text \('Checking.*\): WordLevel error: Missing \[UNK\] token"):
+        preprocess.read_tokenizer(_plan(project).signature.text)
+    # an image that has such a tokenizer anyway (built before the check): the request's fault, one line
+    client = _client(_image_folder(tmp_path, project))
+    got, answer, _ = client.request("POST", "/predict", {"text": ["i love this", "i love zebras"]})
+    assert (got, answer["error"]) == (400, "input 'text'[1]: the model's tokenizer cannot encode this text "
+                                           "(WordLevel error: Missing [UNK] token from the vocabulary)")
+    assert client.request("POST", "/predict", {"text": "i love this"})[0] == 200
+
+
 def test_grpc_bytes_are_tokenized_and_bad_utf8_is_named(served):
     from gpux_pack.runtime import grpc_v2
 
