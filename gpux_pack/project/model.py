@@ -15,7 +15,7 @@ from typing import Any
 from gpux_pack.project.config import TensorSpec
 from gpux_pack.project.load import Project
 from gpux_pack.project.preprocess import AudioStep, ImageStep, TextStep, audio_step, image_step, text_step
-from gpux_pack.project.skeleton import Weight, read_skeleton
+from gpux_pack.project.skeleton import FileChanged, Weight, read_skeleton, tensor_at
 from gpux_pack.errors import ModelError
 from gpux_pack.runtime.dtypes import ONNX_TO_NAME
 
@@ -57,8 +57,12 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     try:
         skeleton = read_skeleton(path)
         proto = onnx.ModelProto.FromString(skeleton.model)
+    except FileChanged as e:  # a copy still being written: the same file may be whole later
+        raise ModelError(shown, f"changed while it was read ({e}); try again once it is complete") from None
     except Exception as e:  # the wire walk or protobuf: several types for non-ONNX bytes
         raise ModelError(shown, f"is not an ONNX model ({_first_line(e)})") from None
+    weights = skeleton.weights
+    del skeleton  # parsed: its bytes need not stay while the checker reads the file
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.output:
         raise ModelError(shown, "is not an ONNX model (no graph with outputs; truncated or another format?)")
 
@@ -84,10 +88,11 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     ir_version, nodes = proto.ir_version, len(proto.graph.node)
     producer = " ".join(p for p in (proto.producer_name, proto.producer_version) if p)
     try:
-        if skeleton.weights:  # the checker sees the graph, the skipped weights' bytes are checked here
-            _check_weights(proto, skeleton.weights)
-            onnx.checker.check_model(_weights_as_inputs(proto, skeleton.weights))
-        else:  # the whole file is its graph: the checker reads it (external data by its paths)
+        if weights:  # the checker sees the graph, the skipped weights' bytes are checked here
+            _check_weights(proto, weights)
+            onnx.checker.check_model(_weights_as_external(proto, weights))
+        else:  # nothing skipped: no raw_data over 4 KB anywhere (but in the odd tensors kept whole), so the
+            # file is about its graph's size: the checker reads it (external data by its paths), no copy held here
             del proto
             onnx.checker.check_model(str(path))
     except Exception as e:
@@ -107,7 +112,7 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
         custom_ops=tuple(custom),
         nodes=nodes,
         working_memory=working,
-        inline_weights=sum(w.length for w in skeleton.weights),
+        inline_weights=sum(w.length for w in weights),
     )
 
 
@@ -124,24 +129,17 @@ def _check_weights(proto: Any, weights: tuple[Weight, ...]) -> None:
     import onnx
 
     for weight in weights:
-        tensor = proto.graph.initializer[weight.index]
+        tensor = tensor_at(proto, weight)
         name = tensor.name or "(unnamed)"
         if weight.typed_fields or tensor.data_location == onnx.TensorProto.EXTERNAL:
             raise ValueError(f"TensorProto (tensor name: {name}) should contain one and only one value field.")
         if tensor.data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
             kind = "UNDEFINED" if tensor.data_type == onnx.TensorProto.UNDEFINED else "STRING"
             raise ValueError(f"TensorProto (tensor name: {name}) has data type {kind}, which raw_data cannot hold")
-        count = 1
-        for dim in tensor.dims:
-            count *= dim
-        bits = _BITS.get(tensor.data_type)
-        if bits is None:
-            try:
-                bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-            except (KeyError, ValueError, TypeError):
-                raise ValueError(f"TensorProto (tensor name: {name}) has unknown data type {tensor.data_type}") from None
-        needed = (count * bits + 7) // 8
-        if count < 0 or weight.length < needed:
+        needed = _needed_bytes(tensor)
+        if needed is None:
+            raise ValueError(f"TensorProto (tensor name: {name}) has unknown data type {tensor.data_type}")
+        if needed < 0 or weight.length < needed:
             raise ValueError(f"TensorProto (tensor name: {name}) raw_data size ({weight.length} bytes) is too small "
                              f"for the declared shape and type ({needed} bytes required)")
 
@@ -149,21 +147,49 @@ def _check_weights(proto: Any, weights: tuple[Weight, ...]) -> None:
 _BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2}  # UINT4, INT4, FLOAT4E2M1, UINT2, INT2: packed
 
 
-def _weights_as_inputs(proto: Any, weights: tuple[Weight, ...]) -> Any:
-    """The skeleton as the checker can read it: each skipped weight a graph input of its type and
-    shape instead of an initializer without bytes (an input is checked as a name the graph
-    defines, which is what a weight is to every node that reads it)."""
+def _needed_bytes(tensor: Any) -> int | None:
+    """The bytes a tensor's values take as raw bytes (raw_data, or external data), which ONNX
+    Runtime checks before it runs: its element count times its type's size, 4-bit and 2-bit types
+    packed. Negative where a dimension is; None for a type of no fixed size (STRING, UNDEFINED,
+    unknown)."""
     import onnx
 
-    listed = {v.name for v in proto.graph.input}
-    for weight in sorted(weights, key=lambda w: w.index, reverse=True):
-        tensor = proto.graph.initializer[weight.index]
-        if tensor.name not in listed:
-            if proto.ir_version < 4:  # the checker's own rule before IR 4
-                raise ValueError(f"{tensor.name} in initializer but not in graph input")
-            proto.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
-            listed.add(tensor.name)
-        del proto.graph.initializer[weight.index]
+    if tensor.data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+        return None
+    bits = _BITS.get(tensor.data_type)
+    if bits is None:
+        try:
+            bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):
+            return None
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    return (count * bits + 7) // 8 if count >= 0 else -1
+
+
+def _weights_as_external(proto: Any, weights: tuple[Weight, ...]) -> Any:
+    """The skeleton as the checker can read it: each skipped weight's tensor marked as external
+    data at a location starting with '#' instead of a tensor without a value. The checker looks
+    for no file there (onnx's own in-memory large models are written so, since onnx 1.16) and
+    checks all else as it would: the tensor stays where it is, in an If branch or a Constant
+    node's attribute too, where it could not become a graph input. The model's own external data
+    is so marked too: in memory the checker would look for it in the working directory, and
+    _external_file has checked it in the model's folder."""
+    import onnx
+    from onnx import external_data_helper
+
+    for tensor in _all_tensors(proto.graph):
+        if external_data_helper.uses_external_data(tensor):
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = "#" + entry.value
+    for weight in weights:
+        tensor = tensor_at(proto, weight)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        del tensor.external_data[:]
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", "#skipped"
     return proto
 
 
@@ -281,8 +307,17 @@ def _external_file(path: Path, shown: str, tensor: Any) -> str:
         if not _DECIMAL.fullmatch(raw):
             raise ModelError(shown, f"external data {key} {ascii(raw)} of tensor {name} is not a non-negative integer")
         numbers[key] = int(raw)
-    if numbers["offset"] + numbers["length"] > info_stat.st_size:
+    offset, length = numbers["offset"], numbers["length"]
+    if offset + length > info_stat.st_size:
         raise ModelError(shown, f"external data file '{location}' is truncated (tensor {name})")
+    needed = _needed_bytes(tensor)
+    if needed is not None and needed >= 0:  # ONNX Runtime refuses what is not exactly that at start:
+        if length and length != needed:  # a length (0 is none) other than it, or a file too short
+            raise ModelError(shown, f"external data length of tensor {name} in '{location}' is {length} bytes, "
+                                    f"but its shape and type need {needed} bytes")
+        if not length and info_stat.st_size - offset < needed:
+            raise ModelError(shown, f"external data file '{location}' has {info_stat.st_size - offset} bytes "
+                                    f"from offset {offset} for tensor {name}, but its shape and type need {needed} bytes")
     return PurePosixPath(location).as_posix()
 
 

@@ -2,34 +2,60 @@
 
 `onnx.load` holds a model twice while parsing it (the file's bytes and the parsed message) and the
 checker parses it again: a 1.5 GB model cost a build 4.4 GB. protobuf's Python API cannot parse a
-message lazily, but its wire format is four kinds of field: so the file is memory-mapped and
-walked, and the bytes of each large inline initializer are skipped, never read into memory. What
-is left (nodes, inputs, outputs, small tensors, shapes) is a valid ModelProto of a few KB to a few
-MB, and each skipped weight is remembered by where its bytes lie in the file, so a later stage can
-copy them as they are (ModelProto.graph = field 7, GraphProto.initializer = 5, TensorProto.raw_data
-= 9: onnx.proto's numbers, stable since IR version 1)."""
+message lazily, but its wire format is four kinds of field: so the file is walked, and the bytes of
+each large inline tensor are skipped, never read into memory, wherever the tensor sits: a graph's
+initializers (sparse ones' values too), a node's tensor attributes (a Constant's
+`value`), the graphs of If, Loop and Scan bodies at any depth, and model-local functions' nodes.
+What is left (nodes, inputs, outputs, small tensors, shapes) is a valid ModelProto of a few KB to a
+few MB, and each skipped weight is remembered by where its bytes lie in the file and where its
+tensor is in the parsed message, so a later stage can copy them as they are (field numbers are
+onnx.proto's, stable since the IR version that introduced each message).
+
+The file is read with os.pread, not memory-mapped: a file cut short while it is read (a copy
+still being written) is a WireError here, where a map's page fault would kill the process with
+SIGBUS."""
 
 from __future__ import annotations
 
-import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-_GRAPH = 7  # ModelProto.graph
-_INITIALIZER = 5  # GraphProto.initializer
+from gpux_pack.errors import PackError
+
 _RAW_DATA = 9  # TensorProto.raw_data
 _TYPED_DATA = frozenset({4, 5, 6, 7, 10, 11})  # TensorProto's float/int32/string/int64/double/uint64_data
-_SMALL = 4096  # initializers up to this size stay in the skeleton: shape inference may read them
+_SMALL = 4096  # tensors up to this size stay in the skeleton: shape inference may read them
+_DEPTH = 100  # protobuf's own limit on nested messages: a deeper file does not parse anyway
+
+# Where a tensor may sit: for each message, its fields that hold one or lead to one, as
+# (the message they hold, the field's name in onnx's Python API, repeated or not).
+_FIELDS: dict[str, dict[int, tuple[str, str, bool]]] = {
+    "model": {7: ("graph", "graph", False), 25: ("function", "functions", True)},
+    "graph": {1: ("node", "node", True), 5: ("tensor", "initializer", True),
+              15: ("sparse", "sparse_initializer", True)},
+    "function": {7: ("node", "node", True)},
+    "node": {5: ("attribute", "attribute", True)},
+    "attribute": {5: ("tensor", "t", False), 6: ("graph", "g", False), 10: ("tensor", "tensors", True),
+                  11: ("graph", "graphs", True), 22: ("sparse", "sparse_tensor", False),
+                  23: ("sparse", "sparse_tensors", True)},
+    "sparse": {1: ("tensor", "values", False)},  # not its indices: the checker reads them (their order, bounds)
+}
 
 
 class WireError(ValueError):
     """The bytes are not a protobuf message (truncated, or another format)."""
 
 
+class FileChanged(WireError):
+    """The file is shorter than when it was opened: it changed (or is still being written) meanwhile."""
+
+
 @dataclass(frozen=True)
 class Weight:
-    index: int  # its place in graph.initializer
+    path: tuple[tuple[str, int | None], ...]  # where its tensor is in the parsed model: each field's name,
+    # and the index in it where it is repeated (protobuf merges a singular field that repeats)
     offset: int  # where its raw_data bytes start in the model file
     length: int  # how many bytes they are
     typed_fields: bool  # it also sets a typed data field (the checker refuses two value fields)
@@ -38,27 +64,87 @@ class Weight:
 @dataclass(frozen=True)
 class Skeleton:
     model: bytes  # a serialized ModelProto: the file's own, less the skipped weights' raw_data
-    weights: tuple[Weight, ...]  # the skipped weights, in graph.initializer order
+    weights: tuple[Weight, ...]  # the skipped weights, in the file's order
+
+
+def tensor_at(proto: Any, weight: Weight) -> Any:
+    """The TensorProto of a skipped weight in the parsed skeleton."""
+    found = proto
+    for name, index in weight.path:
+        found = getattr(found, name) if index is None else getattr(found, name)[index]
+    return found
+
+
+class FileBytes:
+    """A file's bytes by position, as `fields` walks them: read with os.pread in blocks, so that a
+    file that shrinks meanwhile is a FileChanged error, not a SIGBUS (a memory map's fault), and
+    the walk holds one block per message it is inside, not the file. `len` is the size at open."""
+
+    BLOCK = 1 << 16
+
+    def __init__(self, fd: int, size: int | None = None):
+        self.fd = fd
+        self.size = os.fstat(fd).st_size if size is None else size
+        self._at, self._block = 0, b""  # the last block read, and where it starts
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly `length` bytes from `offset`."""
+        parts = []
+        while length > 0:
+            piece = os.pread(self.fd, min(length, 1 << 30), offset)
+            if not piece:
+                raise FileChanged(f"the file changed or is cut short at byte {offset}")
+            parts.append(piece)
+            offset += len(piece)
+            length -= len(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def window(self, pos: int, want: int = 20) -> tuple[bytes, int]:
+        """A block of bytes holding pos and the `want` bytes after it (or up to the end), and where
+        it starts: a walk indexes the block's bytes, cheaper than a __getitem__ call for each."""
+        at, block = self._at, self._block
+        if not (at <= pos and (pos + want <= at + len(block) or at + len(block) == self.size)):
+            at, block = pos, self.read(pos, min(max(self.BLOCK, want), self.size - pos))
+            self._at, self._block = at, block
+        return block, at
+
+    def __getitem__(self, key: int | slice) -> Any:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.size)
+            if step != 1:
+                raise ValueError("FileBytes slices have no step")
+            if stop <= start:
+                return b""
+            if self._at <= start and stop <= self._at + len(self._block):
+                return self._block[start - self._at:stop - self._at]
+            return self.read(start, stop - start)
+        if not 0 <= key < self.size:
+            raise IndexError(key)
+        block, at = self.window(key, 1)
+        return block[key - at]
 
 
 def read_skeleton(path: Path) -> Skeleton:
     """The model at `path` without its large inline weights, in memory about the size of its graph."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        view = memoryview(mapped)
-        try:
-            return _model(view)
-        except WireError as e:  # leaving this block frees the traceback's slices of the map
-            message = str(e)
-        finally:
-            view.release()
-    raise WireError(message)
+    with open(path, "rb") as f:
+        data = FileBytes(f.fileno())
+        weights: list[Weight] = []
+        pieces = _message(data, "model", 0, data.size, (), {}, weights, 0)
+        if pieces is None:  # nothing skipped: the file is its own skeleton
+            return Skeleton(data.read(0, data.size), ())
+        return Skeleton(b"".join(p if isinstance(p, bytes) else data.read(p[0], p[1] - p[0]) for p in pieces),
+                        tuple(weights))
 
 
-def _varint(data: Any, pos: int, end: int) -> tuple[int, int]:
+def _varint(data: Any, pos: int, end: int, base: int = 0) -> tuple[int, int]:
+    """The varint at data[pos], not past data[end]; `base`: where data starts in the file."""
     value = shift = 0
     while True:
         if pos >= end or shift > 63:
-            raise WireError(f"a field is cut short at byte {pos}")
+            raise WireError(f"a field is cut short at byte {base + pos}")
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -69,29 +155,40 @@ def _varint(data: Any, pos: int, end: int) -> tuple[int, int]:
 
 def fields(data: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
     """The fields of the message in data[start:end]: (field number, wire type, where the field
-    starts, where its value starts, where it ends). WireError if they are not protobuf's."""
+    starts, where its value starts, where it ends). WireError if they are not protobuf's. `data`
+    is bytes, a memoryview, or a FileBytes (read a block at a time: a file cut short meanwhile is
+    a FileChanged error)."""
+    window = getattr(data, "window", None)
+    buf, base = (data, 0) if window is None else (b"", start)
     pos = start
     while pos < end:
-        first = pos
-        key, pos = _varint(data, pos, end)
+        # a key and a varint after it are at most 20 bytes: the block must hold them, or reach the end
+        if window is not None and pos + 20 > base + len(buf) and base + len(buf) < end:
+            buf, base = window(pos)
+        first, stop, at = pos, end - base, pos - base
+        key = buf[at]  # a key or a length of one byte (most are) is read here, not by _varint
+        key, at = (key, at + 1) if key < 0x80 else _varint(buf, at, stop, base)
         number, kind = key >> 3, key & 7
         if number == 0:
             raise WireError(f"field number 0 at byte {first}")
-        if kind == 0:
-            _, value_end = _varint(data, pos, end)
+        if kind == 2:
+            if at < stop and buf[at] < 0x80:
+                length, at = buf[at], at + 1
+            else:
+                length, at = _varint(buf, at, stop, base)
+            value_end = at + length
+        elif kind == 0:
+            _, value_end = _varint(buf, at, stop, base)
         elif kind == 1:
-            value_end = pos + 8
-        elif kind == 2:
-            length, pos = _varint(data, pos, end)
-            value_end = pos + length
+            value_end = at + 8
         elif kind == 5:
-            value_end = pos + 4
+            value_end = at + 4
         else:  # groups (3, 4) are not in onnx.proto; 6, 7 do not exist
             raise WireError(f"wire type {kind} at byte {first}")
-        if value_end > end:
+        if value_end > stop:
             raise WireError(f"a field runs past the end at byte {first}")
-        yield number, kind, first, pos, value_end
-        pos = value_end
+        pos = value_end + base
+        yield number, kind, first, at + base, pos
 
 
 def _tag(number: int, length: int) -> bytes:
@@ -105,54 +202,80 @@ def _tag(number: int, length: int) -> bytes:
     return bytes(out)
 
 
-def _model(data: memoryview) -> Skeleton:
-    pieces: list[memoryview | bytes] = []
-    weights: list[Weight] = []
-    count = 0  # initializers seen (a message may repeat its graph field: protobuf merges them)
-    for number, kind, first, start, end in fields(data, 0, len(data)):
-        if number == _GRAPH and kind == 2:
-            graph, found, count = _graph(data, start, end, count)
-            if found:
-                weights.extend(found)
-                pieces.extend((_tag(_GRAPH, sum(len(p) for p in graph)), *graph))
-                continue
-        pieces.append(data[first:end])
-    if not weights:  # nothing skipped: the file is its own skeleton
-        return Skeleton(bytes(data), ())
-    return Skeleton(b"".join(pieces), tuple(weights))
+def _size(pieces: list) -> int:
+    return sum(len(p) if isinstance(p, bytes) else p[1] - p[0] for p in pieces)
 
 
-def _graph(data: memoryview, start: int, end: int, count: int) -> tuple[list, list[Weight], int]:
-    pieces: list[memoryview | bytes] = []
-    weights: list[Weight] = []
-    for number, kind, first, value, stop in fields(data, start, end):
-        if number == _INITIALIZER and kind == 2:
-            index, count = count, count + 1
-            if stop - value > _SMALL:
-                tensor, weight = _tensor(data, value, stop, index)
-                if weight is not None:
-                    weights.append(weight)
-                    pieces.extend((_tag(_INITIALIZER, sum(len(p) for p in tensor)), *tensor))
-                    continue
-        pieces.append(data[first:stop])
-    return pieces, weights, count
+def _message(data: Any, kind: str, start: int, end: int, path: tuple, counts: dict, weights: list[Weight],
+             depth: int) -> list | None:
+    """The message in data[start:end] as pieces (ranges of the file, and the new key and length of
+    each field whose size changed) with its large tensors' raw_data left out, or None where nothing
+    inside is skipped. A message is entered only when larger than _SMALL (a smaller one holds no
+    skipped tensor), so 100,000 small nodes cost one look at each. `counts` numbers the entries of
+    its repeated fields: protobuf merges the occurrences of a singular message field (a graph
+    field written twice), their repeated fields concatenate, so these occurrences share one."""
+    if depth > _DEPTH:
+        raise WireError(f"messages nested more than {_DEPTH} deep at byte {start}")
+    known = _FIELDS[kind]
+    twice = _twice(data, start, end, known) if kind in ("attribute", "sparse") else ()
+    pieces: list = []
+    kept = start  # the file's bytes from here on are still to be added as they are
+    for number, wire, first, value, stop in fields(data, start, end):
+        entry = known.get(number) if wire == 2 else None
+        inner = None
+        if entry is not None:
+            child, name, repeated = entry
+            if repeated:
+                index = counts[number] = counts.get(number, -1) + 1
+                step, shared = (name, index), {}
+            else:
+                step, shared = (name, None), counts.setdefault((number,), {})
+            if number in twice:  # a tensor merged from two occurrences: too odd to follow, kept whole
+                pass
+            elif child == "tensor":
+                if stop - value > _SMALL:
+                    inner = _tensor(data, value, stop, (*path, step), weights)
+            elif stop - value > _SMALL or child == "graph" and not repeated:  # a merged graph counts all its parts
+                inner = _message(data, child, value, stop, (*path, step), shared, weights, depth + 1)
+        if inner is not None:
+            if kept < first:
+                pieces.append((kept, first))
+            pieces.append(_tag(number, _size(inner)))
+            pieces.extend(inner)
+            kept = stop
+    if not pieces:
+        return None
+    if kept < end:
+        pieces.append((kept, end))
+    return pieces
 
 
-def _tensor(data: memoryview, start: int, end: int, index: int) -> tuple[list, Weight | None]:
-    kept: list[memoryview] = []
+def _twice(data: Any, start: int, end: int, known: dict[int, tuple[str, str, bool]]) -> set[int]:
+    """The singular fields holding a tensor, or a message with one, that the message sets more than once."""
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for number, wire, *_ in fields(data, start, end):
+        entry = known.get(number)
+        if wire == 2 and entry is not None and not entry[2] and entry[0] != "graph":
+            (twice if number in seen else seen).add(number)
+    return twice
+
+
+def _tensor(data: Any, start: int, end: int, path: tuple, weights: list[Weight]) -> list | None:
+    """The tensor's pieces without its raw_data, where that is over _SMALL (remembered in weights)."""
     raw = None
     typed = False
     for number, kind, first, value, stop in fields(data, start, end):
         if number == _RAW_DATA and kind == 2:
             if raw is not None:  # set twice (the last wins): rare enough to keep whole
-                return [], None
-            raw = (value, stop - value)
-            continue
+                return None
+            raw = (first, value, stop)
         typed = typed or number in _TYPED_DATA
-        kept.append(data[first:stop])
-    if raw is None or raw[1] <= _SMALL:
-        return [], None  # its bytes are in typed fields, or small: kept as it is
-    return kept, Weight(index=index, offset=raw[0], length=raw[1], typed_fields=typed)
+    if raw is None or raw[2] - raw[1] <= _SMALL:
+        return None  # its bytes are in typed fields, or small: kept as it is
+    first, value, stop = raw
+    weights.append(Weight(path=path, offset=value, length=stop - value, typed_fields=typed))
+    return [piece for piece in ((start, first), (stop, end)) if piece[0] < piece[1]]
 
 
 ALIGN = 4096  # ONNX Runtime maps external data into memory when a tensor's offset is page-aligned
@@ -179,12 +302,15 @@ def external_form(path: Path, data_name: str) -> ExternalForm:
     them, so its CPU provider can map them instead of copying them out of a parsed message."""
     import onnx
 
-    skeleton = read_skeleton(path)
+    try:
+        skeleton = read_skeleton(path)
+    except WireError as e:  # it was inspected whole before: it changed since
+        raise PackError(f"{path}: the model changed while it was built ({e}); build again") from None
     proto = onnx.ModelProto.FromString(skeleton.model)
     ranges = []
     at = 0
-    for weight in skeleton.weights:
-        tensor = proto.graph.initializer[weight.index]
+    for weight in skeleton.weights:  # in a subgraph or an attribute too: ONNX Runtime reads them there
+        tensor = tensor_at(proto, weight)
         tensor.data_location = onnx.TensorProto.EXTERNAL
         del tensor.external_data[:]
         for key, value in (("location", data_name), ("offset", str(at)), ("length", str(weight.length))):

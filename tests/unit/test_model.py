@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -67,6 +68,20 @@ def test_missing_and_truncated_external_data(tmp_path):
     weights.unlink()
     with pytest.raises(ModelError, match="'m.weights' is missing"):
         inspect_model(path)
+
+
+def test_external_data_beside_a_large_inline_weight(tmp_path):
+    """The checker reads the skeleton in memory, where it looked for the external file in the
+    working directory: refused unless run from the model's folder."""
+    path = _external(tmp_path)
+    model = onnx.load(str(path), load_external_data=False)
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((64, 64), np.float32), "v"))
+    model.graph.node.append(helper.make_node("MatMul", ["y", "v"], ["z"]))
+    model.graph.output[0].name = "z"
+    onnx.save(model, str(path))
+    assert Path.cwd() != tmp_path
+    info = inspect_model(path, "m.onnx")
+    assert info.files == ("m.onnx", "m.weights") and info.inline_weights == 16384
 
 
 def test_hard_linked_external_data_is_one_line_saying_what_to_do(tmp_path):
@@ -235,3 +250,78 @@ def test_reading_a_model_does_not_hold_its_weights(tmp_path):
     assert proc.returncode == 0, proc.stderr
     held = int(proc.stdout)
     assert held < 0.15 * size, f"held {held / size:.2f}x the model's {size} bytes"  # measured 0.09x; was 3.07x
+
+
+def _one_weight(path: Path, mb: int, in_branch: bool) -> None:
+    """x @ w, w a float weight of `mb` MiB: a top-level initializer, or one of an If's then branch."""
+    from onnx import TensorProto as T
+
+    n = 1024
+    cols = mb * (1 << 20) // (4 * n)
+    w = numpy_helper.from_array(np.full((n, cols), 0.5, np.float32), "w")
+    x = helper.make_tensor_value_info("x", T.FLOAT, ["batch", n])
+    y = helper.make_tensor_value_info("y", T.FLOAT, ["batch", cols])
+    if in_branch:
+        then = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"])], "then", [],
+                                 [helper.make_tensor_value_info("t", T.FLOAT, ["batch", cols])], [w])
+        other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                                  [helper.make_tensor_value_info("e", T.FLOAT, ["batch", n])])
+        graph = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                                  [x, helper.make_tensor_value_info("c", T.BOOL, [])],
+                                  [helper.make_tensor_value_info("y", T.FLOAT, ["batch", "m"])])
+    else:
+        graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_a_weight_in_a_subgraph_costs_what_it_costs_at_the_top(tmp_path):
+    """`gpux-pack inspect` of a model whose 64 MiB weight sits in an If branch, measured as users
+    run it: it read the weight whole three times (the skeleton kept it, protobuf parsed it, the
+    checker loaded the file again: 1.6 GB for 256 MB); now its peak is the top-level case's."""
+    from tests.conftest import run_cli_measured
+
+    peaks = {}
+    for where in ("top", "branch"):
+        path = tmp_path / f"{where}.onnx"
+        _one_weight(path, 64, where == "branch")
+        proc, peaks[where] = run_cli_measured("inspect", str(path), "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["model"]["size_bytes"] == path.stat().st_size > 64 << 20
+        path.unlink()
+    # measured 75 MB both (the libraries' 70 MB and the graph), with 256 MB weights too: the branch's
+    # cost 1.6 GB then, above its size once read whole
+    assert peaks["branch"] < min(peaks["top"] + (8 << 20), 128 << 20), peaks
+
+
+@pytest.mark.parametrize("length, size, problem", [
+    (None, 16380, "external data file 'm.weights' has 16380 bytes from offset 0 for tensor w, but its shape and type "
+                  "need 16384 bytes"),
+    ("16380", 16384, "external data length of tensor w in 'm.weights' is 16380 bytes, but its shape and type need "
+                     "16384 bytes"),
+    ("16388", 16388, "external data length of tensor w in 'm.weights' is 16388 bytes, but its shape and type need "
+                     "16384 bytes"),
+    (None, 20000, None),  # ONNX Runtime reads what it needs from the offset on
+    ("0", 16384, None),  # a length of 0 is none
+    ("16384", 20000, None),
+])
+def test_external_data_must_hold_what_the_tensor_needs(tmp_path, length, size, problem):
+    """ONNX Runtime refuses at start a tensor whose external data is not what its shape and type
+    need: a `length` other than that (larger too), or, without one, a file with fewer bytes
+    after the offset. The build refuses the same, where it passed and the container exited 1."""
+    path = _external(tmp_path)
+    model = onnx.load(str(path), load_external_data=False)
+    tensor = model.graph.initializer[0]
+    entries = [(e.key, e.value) for e in tensor.external_data if e.key != "length"]
+    del tensor.external_data[:]
+    for key, value in entries + ([("length", length)] if length is not None else []):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, str(path))
+    weights = tmp_path / "m.weights"
+    weights.write_bytes(weights.read_bytes()[:size].ljust(size, b"\0"))
+    if problem is None:
+        assert inspect_model(path, "m.onnx").files == ("m.onnx", "m.weights")
+        return
+    with pytest.raises(ModelError) as e:
+        inspect_model(path, "m.onnx")
+    assert str(e.value) == f"m.onnx: {problem}"
