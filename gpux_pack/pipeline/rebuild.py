@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import mmap
 import os
 import stat
 import sys
@@ -42,7 +41,7 @@ from gpux_pack import __version__, staging
 from gpux_pack.engine import unix_socket
 from gpux_pack.image import attestation_store, layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
-from gpux_pack.project.skeleton import WireError, fields
+from gpux_pack.project.skeleton import FileBytes, WireError, fields
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
@@ -141,14 +140,10 @@ def structure(path: Path) -> str:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise Miss("the model is empty")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            buf = memoryview(mapped)
-            try:
-                _digest_message(buf, 0, size, h, 0)
-            except WireError as e:
-                raise Miss(f"the model is not a well-formed protobuf ({e})") from None
-            finally:
-                buf.release()
+        try:  # read, not mapped: a model cut short meanwhile is a WireError, not a SIGBUS
+            _digest_message(FileBytes(f.fileno(), size), 0, size, h, 0)
+        except WireError as e:
+            raise Miss(f"the model is not a well-formed protobuf ({e})") from None
     return h.hexdigest()
 
 
