@@ -1,11 +1,19 @@
 """The memory a server may hold for requests: every request's bytes are charged here as they
 arrive (its body, its tensors, the graph's intermediate tensors and outputs they imply, its
-answer) and released when it is answered; past GPUX_MAX_IN_FLIGHT_BYTES a request waits for none
-of it (503), past GPUX_MAX_REQUEST_BYTES one request is refused (413). HTTP and gRPC charge the
-same budget. Memory freed by large requests goes back to the system once idle (malloc_trim)."""
+answer, what decoding an image holds) and released when it is answered; past the in-flight
+budget (half the memory) a request waits for none of it (503), past GPUX_MAX_REQUEST_BYTES one
+request is refused (413). HTTP and gRPC charge the same budget. Memory freed by large requests
+goes back to the system once idle (malloc_trim).
+
+What the process keeps between requests counts too: its resident memory once idle (measured
+after warmup, and again after each trim) is its floor, and the in-flight budget shrinks by what
+that floor grew since warmup (heap fragmentation, the image libraries' pools, threads' arenas),
+and never reaches past the container's memory less the floor and a reserve. Without it, a
+container that had served large requests was OOM-killed by requests inside every limit."""
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Executor
 from typing import Any
@@ -32,11 +40,35 @@ class Budget:
         self._lock = threading.Lock()
         self.in_flight_bytes = 0
         self._large = False  # a large request finished since memory was last trimmed
+        self.memory = memory
+        self.floor = self.started = None  # what the process holds with no request in flight: now, at the start
+        self.room = self.settings.max_in_flight_bytes  # what requests may hold now (see measure)
+        self.measure(start=True)
+
+    def measure(self, start: bool = False) -> None:
+        """The process's floor, read while nothing is in flight, and the room it leaves requests:
+        the in-flight budget less what the floor grew since the start (start: warmup is done, the
+        floor from here on is the model's), and at most the memory less the floor and a reserve
+        (where the floor fits the memory at all). Only under a container's limit (the cgroup's)."""
+        limits = self.settings.limits
+        now = resident() if limits is not None and limits.memory_from == "cgroup" else None
+        if now is None:  # no container limit to keep under (the host's memory, a test's figure)
+            return
+        with self._lock:
+            if self.in_flight_bytes:  # a request arrived meanwhile: its memory is not the floor's
+                return
+            if start or self.started is None:
+                self.started = now
+            self.floor = now
+            room = self.settings.max_in_flight_bytes - max(0, now - self.started)
+            if self.started < self.memory:
+                room = min(room, self.memory - now - max(RESERVE, self.memory // 16))
+            self.room = max(0, room)
 
     def hold(self, n: int) -> int:
         """Count n request bytes against what all requests in flight may hold; 503 past it."""
         with self._lock:
-            if n and self.in_flight_bytes + n > self.settings.max_in_flight_bytes:
+            if n and self.in_flight_bytes + n > self.room:
                 raise RequestError("too many request bytes in flight; retry shortly", 503, refused="memory")
             self.in_flight_bytes += n
         return n
@@ -59,9 +91,13 @@ class Budget:
                 self._large = False
         if trim:  # malloc_trim walks every arena (tens of ms after a large request): never on the event loop
             try:
-                self.codec.submit(trim)
+                self.codec.submit(self._trim)
             except RuntimeError:  # shutting down
                 pass
+
+    def _trim(self) -> None:
+        trim()
+        self.measure()
 
     def request_bytes(self, feeds: Feeds, request: V2Request, v2: bool) -> int:
         """What a decoded request holds until its answer is sent: its tensors, the graph's
@@ -91,9 +127,9 @@ class Charge:
 
     def __call__(self, n: int) -> None:
         limit = self.budget.settings.max_request_bytes
-        if n > limit:
-            raise RequestError(f"preprocessing this request would hold about {n} bytes, more than this server's "
-                               f"budget of {limit} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)
+        if self.held + n > limit:  # what the request's earlier steps (its other images) hold counts
+            raise RequestError(f"preprocessing this request would hold about {self.held + n} bytes, more than this "
+                               f"server's budget of {limit} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)
         self.held += self.budget.hold_decode(n, self.body_bytes)
 
     def release(self) -> None:
@@ -140,6 +176,17 @@ def working(terms: list[tuple[tuple[tuple[str, int], ...], int]], feeds: dict[st
 
 
 TRIM_AFTER = 16 << 20  # a request charged this much may leave freed memory in malloc's free lists (the most)
+RESERVE = 8 << 20  # at least this much of the memory is never offered to requests (what no charge counts)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident() -> int | None:
+    """This process's resident memory in bytes (Linux's /proc/self/statm), None where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
 MMAP_THRESHOLD = 1 << 20  # blocks this large come from mmap and go back to the system when freed
 TRIM_THRESHOLD = 4 << 20  # free memory at the top of a heap past this goes back at once
 

@@ -149,7 +149,34 @@ def _texts(name: str, value: Any) -> list[str]:
 IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")  # what Pillow may decode here
 FORMAT_NAMES = {"jpeg": "JPEG", "jpg": "JPEG", "png": "PNG", "webp": "WEBP", "bmp": "BMP", "gif": "GIF",
                 "tiff": "TIFF", "tif": "TIFF"}  # GPUX's "format" hint, and raw bodies' image/<subtype>
-DEFAULT_MAX_PIXELS = 40_000_000  # GPUX_MAX_IMAGE_PIXELS: a 40 MP photo decodes to 120 MB of RGB
+DEFAULT_MAX_PIXELS = 40_000_000  # GPUX_MAX_IMAGE_PIXELS: a 40 MP photo decodes to 160 MB of RGB (4 bytes a pixel)
+ORIENTATION = 0x0112  # EXIF's Orientation tag
+DECODE_OVERHEAD = 1 << 20  # what decoding holds besides the pixels, whatever the size (a codec's tables and rows)
+
+
+def pixel_bytes(mode: str) -> int:
+    """What Pillow stores a pixel of this mode in: one byte for 1, L and P, two for 16-bit grey,
+    four for every other mode (RGB too: Pillow keeps RGB as 32-bit pixels)."""
+    return 1 if mode in ("1", "L", "P") else 2 if mode.startswith("I;16") else 4
+
+
+def decode_cost(image: Any) -> int:
+    """Bytes decoding this opened image holds at its peak, read from its header before any pixel
+    is decoded (measured per format and mode by bench/decode_memory.py, with a margin): the
+    pixels as Pillow stores them, and the decoder's own buffers: a progressive JPEG keeps every
+    DCT coefficient (2 bytes a pixel per component), libwebp's animation decoder two canvases,
+    its decoder's own buffer (lossless: 32-bit pixels) and the frame it hands over as bytes
+    (16, measured 17.4 in all for a lossy RGB WebP and 24.5 with an RGBA one's conversion),
+    libtiff may read a whole image before Pillow unpacks it."""
+    width, height = image.size
+    extra = 1.0
+    if image.format == "JPEG" and (image.info.get("progressive") or image.info.get("progression")):
+        extra += 2 * len(image.getbands())
+    elif image.format == "WEBP":
+        extra += 17
+    elif image.format == "TIFF":
+        extra += 4
+    return int(width * height * (pixel_bytes(image.mode) + extra)) + DECODE_OVERHEAD
 
 
 class Image:
@@ -204,7 +231,11 @@ class Image:
         return out, ({"letterbox": boxes} if boxes else {})
 
     def decode(self, data: bytes, what: str, charge: Any = None) -> Any:
-        """Pillow's RGB image of these bytes, oriented; refused before decoding past max_pixels."""
+        """Pillow's RGB image of these bytes, oriented; refused before decoding past max_pixels.
+        charge(n) is called before each step that holds memory with what it holds (decode_cost:
+        the decoder's own buffers and the pixels; a rotation's and a conversion's copy), and the
+        steps hold one image more at a time at most (the orientation applied in place, no
+        conversion of what is RGB already)."""
         from PIL import ImageOps, UnidentifiedImageError
 
         pil = self.pil
@@ -220,10 +251,16 @@ class Image:
         if width * height > self.max_pixels:
             raise RequestError(f"{what}: {width}x{height} is {width * height} pixels, more than "
                                f"{self.max_pixels} (GPUX_MAX_IMAGE_PIXELS)", 413)
-        if charge is not None:
-            charge(width * height * 8)  # the decoded pixels, and their RGB conversion
+        charge = charge or (lambda n: None)
+        charge(decode_cost(image))
         try:
-            image = ImageOps.exif_transpose(image)
+            image.load()
+            if image.getexif().get(ORIENTATION, 1) not in (1, None):  # rotated: the new pixels beside the old
+                charge(width * height * pixel_bytes(image.mode))
+                ImageOps.exif_transpose(image, in_place=True)
+            if image.mode == "RGB":
+                return image
+            charge(width * height * pixel_bytes("RGB"))
             return image.convert("RGB")
         except pil.DecompressionBombError as e:
             raise RequestError(f"{what}: {e}", 413) from None

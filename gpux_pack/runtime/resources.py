@@ -28,7 +28,7 @@ INLINE_BYTES = 64 * 1024  # bodies and answers up to this are handled on the eve
 class Limits:
     cpus: int  # CPUs this container may keep busy
     memory: int  # bytes it may use (cgroup limit, else the machine's)
-    memory_from: str  # "cgroup" or "host"
+    memory_from: str  # "cgroup", "host", or "given" (a caller's figure: the budget measures nothing against it)
 
 
 def cpus(root: Path = CGROUP) -> int:

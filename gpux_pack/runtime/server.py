@@ -23,7 +23,7 @@ import numpy as np
 
 from . import openapi
 from .metrics import Metrics, route
-from .budget import Budget, Charge, tune_malloc
+from .budget import Budget, Charge, trim, tune_malloc
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from . import warmup
@@ -106,6 +106,7 @@ class App:
         if self.model.spec.get("warmup") == "none":
             self.model.warmup_state = {"state": "skipped"}
             self.model.publish_cache()
+            self.budget.measure(start=True)
             self.ready.set()
             return
 
@@ -114,6 +115,8 @@ class App:
                 warmup.run(self.model)
                 if self.model.warmup_state.get("state") == "done":
                     warmup.tune_threads(self.model)
+                trim()  # what warmup freed goes back: the floor is the model's
+                self.budget.measure(start=True)
             except AccuracyError as e:  # wrong answers are worse than none: stop, exit 1
                 log.error("gpux: %s", e)
                 self.failed = str(e)

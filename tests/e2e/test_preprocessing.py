@@ -12,6 +12,8 @@ preprocess carry the libraries they need."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -125,6 +127,69 @@ def test_images_in_every_form_equal_the_documented_steps(picture_images):
         np.testing.assert_allclose(np.array(answer["seen"], np.float32),
                                    image_project.reference(wide, normalize=False, letterbox=True), atol=1e-5, rtol=0)
         assert answer["letterbox"] == [{"scale": 0.5, "offset": [0, 6], "size": [64, 40]}]
+
+
+def _noise_image(side: int, fmt: str, **save) -> bytes:
+    from PIL import Image, ImageFile
+
+    ImageFile.MAXBLOCK = 1 << 26  # a progressive JPEG of noise is written in one block
+    pixels = np.random.default_rng(side).integers(0, 256, (side, side, 4), dtype=np.uint8)
+    image = Image.fromarray(pixels, "RGBA")
+    out = io.BytesIO()
+    (image if fmt == "WEBP" else image.convert("RGB")).save(out, fmt, **save)
+    return out.getvalue()
+
+
+def _animated_webp(side: int) -> bytes:
+    """A lossless 3-frame animated WebP of flat frames: 2048x2048 in under 300 bytes."""
+    from PIL import Image
+
+    frames = [Image.new("RGBA", (side, side), (i, 0, 0, 255)) for i in range(3)]
+    out = io.BytesIO()
+    frames[0].save(out, "WEBP", lossless=True, save_all=True, append_images=frames[1:], duration=10)
+    return out.getvalue()
+
+
+def test_images_inside_every_limit_never_oom_kill_a_256m_container(picture_images):
+    """The reporter's mix under --memory 256m, after earlier requests: two clients posting a tiny
+    2048x2048 animated lossless WebP beside three posting 2048x2048 progressive 4:4:4 JPEGs, and
+    beside them images just inside the per-request budget, ten rounds: every answer a 200, 413 or
+    503, never an OOM kill, and the server's peak resident memory under 90% of the limit (decoding
+    was charged 8 bytes a pixel, a WebP holds up to 24.5: the peak reached 252 MiB of 256)."""
+    import concurrent.futures
+
+    tiny_webp = _animated_webp(2048)
+    big_jpeg = _noise_image(2048, "JPEG", quality=100, subsampling=0, progressive=True)
+    assert len(tiny_webp) < 1000 and 12_000_000 < len(big_jpeg) < 16 * 1024 * 1024, (len(tiny_webp), len(big_jpeg))
+    # within the 32 MiB a request may hold at 256m: charged 26 and 11 bytes a pixel
+    webp = _noise_image(1100, "WEBP", lossless=True)
+    jpeg = _noise_image(1700, "JPEG", quality=100, subsampling=0, progressive=True)
+    mix = [("webp", tiny_webp)] * 2 + [("jpeg", big_jpeg)] * 3 + [("webp", webp)] * 2 + [("jpeg", jpeg)] * 2
+    with serve(picture_images["resize"]["tag"], mem_limit="256m", read_only=True, tmpfs={"/tmp": ""},
+               cap_drop=["ALL"], security_opt=["no-new-privileges"]) as server:
+        container = server.container.get_wrapped_container()
+
+        def post(item: tuple[str, bytes]) -> int:
+            kind, data = item
+            return server.post("/predict", data=data, headers={"Content-Type": f"image/{kind}"}).status_code
+
+        for item in [("webp", webp), ("jpeg", jpeg), ("png", image_project.picture(fmt="PNG"))] * 3:
+            assert post(item) == 200  # earlier requests: the process keeps some of what they held
+        statuses: dict[str, list[int]] = {"tiny webp": [], "big jpeg": [], "webp": [], "jpeg": []}
+        names = ["tiny webp"] * 2 + ["big jpeg"] * 3 + ["webp"] * 2 + ["jpeg"] * 2
+        with concurrent.futures.ThreadPoolExecutor(len(mix)) as pool:
+            for _ in range(10):
+                for name, status in zip(names, pool.map(post, mix)):
+                    statuses[name].append(status)
+        container.reload()
+        assert container.status == "running" and not container.attrs["State"]["OOMKilled"], container.attrs["State"]
+        code, out = container.exec_run(["python3", "-c", "print(open('/proc/1/status').read())"])
+        peak = next(int(line.split()[1]) * 1024 for line in out.decode().splitlines() if line.startswith("VmHWM:"))
+        assert code == 0 and peak < 0.9 * 256 * 1024 * 1024, peak  # 252 MiB when decoding was charged 8 bytes a pixel
+        assert set(statuses["tiny webp"]) == {413} and set(statuses["big jpeg"]) <= {413, 503}, statuses  # past 32 MiB
+        assert {s for v in statuses.values() for s in v} <= {200, 413, 503}, statuses
+        assert 200 in statuses["webp"] + statuses["jpeg"], statuses
+        assert post(("png", image_project.picture(fmt="PNG"))) == 200
 
 
 def _png_header(width: int, height: int) -> bytes:

@@ -104,11 +104,11 @@ def test_grpc_charges_a_message_before_parsing_it_and_counts_one_refusal(tmp_pat
 
     folder = spec_dir(tmp_path, "mlp")
     env = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache")}
-    app = App(Model.load(Settings.load(env, limits=Limits(1, 512 << 20, "cgroup"))), "test")  # 256 MiB in flight
+    app = App(Model.load(Settings.load(env, limits=Limits(1, 512 << 20, "given"))), "test")  # 256 MiB in flight
     app.start_warmup()
     assert app.ready.wait(10)
     big = infer_request(x=np.ones((200_000, 4), np.float32))  # 3.2 MB: 3x that and 2 MiB charged to parse
-    held = app.budget.hold(250 << 20)
+    held = app.budget.hold(app.budget.room - (1 << 20))  # all but 1 MiB of what requests may hold
     try:
         [(code, details)] = grpc_calls(app, [("ModelInfer", big)])
     finally:
@@ -128,7 +128,7 @@ def test_grpc_reads_a_bounded_number_and_size_of_messages_at_once():
     from gpux_pack.runtime import grpc_v2, resources
 
     def limits(mib: int) -> tuple[int, int]:
-        lim = resources.Limits(2, mib << 20, "cgroup")
+        lim = resources.Limits(2, mib << 20, "given")
         return grpc_v2.call_limits(SimpleNamespace(max_queue=16, max_body_bytes=resources.default_body_bytes(lim),
                                                    max_in_flight_bytes=resources.default_in_flight_bytes(lim)))
 

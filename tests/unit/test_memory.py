@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from gpux_pack.runtime import tensors
+from gpux_pack.runtime.tensors import RequestError
 from gpux_pack.runtime.resources import Limits
 from gpux_pack.runtime.resources import REQUEST_OVERHEAD
 from gpux_pack.runtime.server import SEND_PIECE, App
@@ -27,7 +28,7 @@ MiB = 1024 * 1024
 def _app(tmp_path, memory: int, **env: str) -> Client:
     folder = spec_dir(tmp_path, "mlp")
     env = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache"), **env}
-    app = App(Model.load(Settings.load(env, limits=Limits(1, memory, "cgroup"))), "test")
+    app = App(Model.load(Settings.load(env, limits=Limits(1, memory, "given"))), "test")
     app.start_warmup()
     assert app.ready.wait(10)
     return Client(app)
@@ -82,7 +83,7 @@ def test_a_body_that_can_never_fit_is_413_and_one_that_does_not_fit_now_is_503(t
     status, answer, _ = client.request("POST", "/predict", escaped)
     assert status == 413 and "binary" in answer["error"] and "half its memory" in answer["error"], answer
     assert client.request("POST", "/predict", numbers)[0] == 200
-    held = client.app.budget.hold(30 * MiB)  # another request holds most of the budget
+    held = client.app.budget.hold(client.app.budget.room - MiB)  # another request holds most of the budget
     try:
         status, answer, headers = client.request("POST", "/predict", numbers)
         assert status == 503 and headers[b"retry-after"] == b"1", answer
@@ -90,6 +91,44 @@ def test_a_body_that_can_never_fit_is_413_and_one_that_does_not_fit_now_is_503(t
         client.app.budget.release(held)
     assert client.app.metrics.refused.values == {"memory": 2}  # each refusal counted once, as memory
     assert client.request("POST", "/predict", numbers)[0] == 200 and client.app.budget.in_flight_bytes == 0
+
+
+def test_what_the_process_keeps_between_requests_is_taken_out_of_what_requests_may_hold(tmp_path, monkeypatch):
+    """Under a container's limit the budget reads the process's resident memory once idle: what
+    it grew since warmup (fragmentation, the image libraries' pools) comes out of the in-flight
+    half, and requests never get more than the memory less that floor and a sixteenth."""
+    from gpux_pack.runtime import budget as budget_module
+
+    readings = {"now": 70 * MiB}
+    monkeypatch.setattr(budget_module, "resident", lambda: readings["now"])
+    folder = spec_dir(tmp_path, "mlp")
+    env = {"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache")}
+    app = App(Model.load(Settings.load(env, limits=Limits(1, 256 * MiB, "cgroup"))), "test")
+    app.start_warmup()
+    assert app.ready.wait(10)
+    budget = app.budget
+    assert budget.room == 128 * MiB  # half the memory: 70 MiB kept leaves more than that
+    readings["now"] = 150 * MiB  # earlier requests left 80 MiB the process keeps
+    budget.measure()
+    assert budget.room == 48 * MiB
+    with pytest.raises(RequestError) as refused:
+        budget.hold(49 * MiB)
+    assert refused.value.status == 503
+    budget.release(budget.hold(48 * MiB))
+    readings["now"] = 230 * MiB  # near the limit: the memory less the floor and a sixteenth is less still
+    budget.measure()
+    assert budget.room == 0
+    client = Client(app)
+    assert client.request("POST", "/predict", {"features": [[5.1, 3.5, 1.4, 0.2]]})[0] == 503
+    held = budget.hold(0)
+    budget.in_flight_bytes += 1  # something in flight: what is resident now is not the floor
+    readings["now"] = 70 * MiB
+    budget.measure()
+    assert budget.room == 0
+    budget.in_flight_bytes -= 1
+    budget.release(held)
+    budget.measure()
+    assert budget.room == 128 * MiB
 
 
 @pytest.mark.parametrize("rows, words", [

@@ -518,6 +518,58 @@ def test_a_long_text_is_cut_before_it_is_tokenized(served, tmp_path):
                                                  "(preprocessing.truncation is off)"), answer
 
 
+_PEAK_PROBE = r"""
+import json, sys
+from gpux_pack.runtime.preprocess import Image
+step = Image({"input": "image", "feed": "x", "type": "float32", "layout": "NCHW", "size": [32, 32], "resize": [32, 32],
+              "crop": None, "letterbox": False, "scale": 1 / 255, "mean": None, "std": None})
+step.one(open(sys.argv[2], "rb").read(), "warm")  # the libraries' first use is not the image's
+data = open(sys.argv[1], "rb").read()
+charged = []
+def status(key):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
+open("/proc/self/clear_refs", "w").write("5")  # the high-water mark starts again here
+before = status("VmRSS")
+step.one(data, "x", charged.append)
+print(json.dumps([status("VmHWM") - before, sum(charged)]))
+"""
+
+
+@pytest.mark.parametrize("case", ["webp animated rgba", "jpeg progressive 4:4:4 rotated", "png palette",
+                                  "tiff cmyk"])
+def test_an_image_is_charged_at_least_what_decoding_it_holds(tmp_path, case):
+    """The charge is made before a pixel is decoded, from the header; here it is compared with the
+    decoding's real peak (the process's high-water mark, reset just before). It was 8 bytes a
+    pixel for every format: a lossless RGBA WebP holds 24.5, a progressive 4:4:4 JPEG 10."""
+    import subprocess
+    import sys
+
+    from PIL import Image as pil, ImageFile
+
+    ImageFile.MAXBLOCK = 1 << 26
+    rng = np.random.default_rng(0)
+    side = 1024
+    rgba = pil.fromarray(rng.integers(0, 256, (side, side, 4), dtype=np.uint8), "RGBA")
+    path = tmp_path / "image"
+    rotated = pil.Exif()
+    rotated[0x0112] = 6
+    if case == "webp animated rgba":
+        rgba.save(path, "WEBP", lossless=True, save_all=True, duration=10,
+                  append_images=[pil.new("RGBA", (side, side), (i, 0, 0, 255)) for i in (1, 2)])
+    elif case.startswith("jpeg"):
+        rgba.convert("RGB").save(path, "JPEG", quality=100, subsampling=0, progressive=True, exif=rotated)
+    elif case == "png palette":
+        rgba.convert("RGB").convert("P").save(path, "PNG", interlace=1)
+    else:
+        rgba.convert("CMYK").save(path, "TIFF")
+    pil.new("RGB", (8, 8)).save(tmp_path / "small.png")
+    out = subprocess.run([sys.executable, "-c", _PEAK_PROBE, str(path), str(tmp_path / "small.png")],
+                         capture_output=True, text=True, check=True)
+    peak, charged = json.loads(out.stdout)
+    assert peak > side * side, (peak, charged)  # the probe sees the decode
+    assert charged >= peak, f"{case}: charged {charged / side / side:.1f} bytes a pixel, holds {peak / side / side:.1f}"
+
+
 def test_hostile_bytes_are_a_request_error_never_a_crash():
     """Random and mutated WAV and image bytes: read_wav and the image decoder answer a RequestError
     (a 400/413) or a result, never another exception."""

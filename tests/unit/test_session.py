@@ -99,7 +99,7 @@ def _two_cpus(folder: Path, **env: str) -> Settings:
     from gpux_pack.runtime import resources
 
     return Settings.load({"GPUX_CONFIG": str(folder / "gpux.json"), "GPUX_CACHE_DIR": str(folder / "cache"), **env},
-                         limits=resources.Limits(cpus=2, memory=8 << 30, memory_from="cgroup"))
+                         limits=resources.Limits(cpus=2, memory=8 << 30, memory_from="given"))
 
 
 def _heavy(folder: Path) -> Path:
