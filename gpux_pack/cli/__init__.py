@@ -193,8 +193,9 @@ def verify_cmd(
     key: Path = typer.Option(..., "--key", help="The PEM public key the image was signed with."),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Check an image's signature (cosign's format), and that its SBOM and provenance are attached
-    and name it; exit 1 with one line naming what failed."""
+    """Check an image's signature (cosign's format), and read every SBOM and provenance attached to
+    it: each must name this image, its model and gpux-pack's build; exit 1 with one line naming
+    what failed."""
     from gpux_pack.commands import verify
 
     done = verify.verify(engine.try_connect(), image, key)

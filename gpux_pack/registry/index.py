@@ -47,6 +47,9 @@ def platform_of(platform: str) -> dict[str, str]:
     return {"architecture": arch, "os": os_, **({"variant": "v8"} if arch == "arm64" else {})}
 
 
+MAX_MANIFEST = 4 << 20  # Distribution's own bound on a manifest: a registry that sends more is cut off there
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A manifest or index as the registry serves it, its digest checked against its bytes."""
@@ -139,12 +142,20 @@ class Registry:
         digest is the sha256 of the bytes served, which must equal the registry's
         Docker-Content-Digest and, for a digest reference, that digest. 404 is KeyError: the
         caller says which image is unknown."""
-        response = self.request("GET", f"manifests/{reference}", headers={"Accept": ", ".join(MANIFESTS + LISTS)})
+        response = self.request("GET", f"manifests/{reference}", headers={"Accept": ", ".join(MANIFESTS + LISTS)},
+                                stream=True)
         if response.status_code == 404:
             raise KeyError(self._errors(response) or "HTTP 404")
         self.check(response, f"manifest {self.repository}:{reference}" if ":" not in reference else
                    f"manifest {self.repository}@{reference}")
-        body = response.content
+        body = bytearray()
+        for chunk in response.iter_content(1 << 16):  # what a registry sends, at most a manifest's bound
+            body += chunk
+            if len(body) > MAX_MANIFEST:
+                response.close()
+                raise DockerError(f"registry {self.name} sent more than {MAX_MANIFEST >> 20} MiB for the manifest "
+                                  f"{self.repository} {reference}: refused")
+        body = bytes(body)
         digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
         claimed = response.headers.get("Docker-Content-Digest") or digest
         if digest != claimed or (reference.startswith("sha256:") and digest != reference):

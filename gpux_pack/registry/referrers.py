@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpux_pack.errors import DockerError
-from gpux_pack.registry.index import INDEX, MANIFESTS, Registry
+from gpux_pack.registry.index import INDEX, MANIFESTS, MAX_MANIFEST, Registry
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 EMPTY = b"{}"  # the OCI empty descriptor's content
 EMPTY_MEDIA = "application/vnd.oci.empty.v1+json"
 MAX_DOCUMENT = 64 << 20  # an attached document larger than this is refused unread (a gpux SBOM is about 1 MiB)
-MAX_MANIFEST = 4 << 20  # Distribution's own limit on a manifest
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 

@@ -323,3 +323,16 @@ def test_an_index_is_verified_by_its_signature_and_each_platform_s_documents(reg
     assert _refused(repository, top, key, "not SLSA Provenance v1") == (
         f"{repository}@{arm64}: the attached provenance {forged} has predicateType \"https://spdx.dev/Document\", "
         f"not SLSA Provenance v1 ({signatures.PREDICATE})")
+
+
+def test_a_manifest_past_4_mib_is_cut_off_where_it_passes_the_bound(registry):
+    """A registry that serves a huge manifest (a tag, the .sig, an index) is read no further than
+    a manifest's bound: one line, not the registry's whole answer in memory."""
+    from gpux_pack.errors import DockerError
+    from gpux_pack.registry.index import MAX_MANIFEST, Registry
+
+    store, repository = registry
+    huge = b'{"schemaVersion": 2, "manifests": [' + b" " * (MAX_MANIFEST + 10) + b"]}"
+    store.put_manifest("huge", huge, INDEX)
+    with pytest.raises(DockerError, match=r"sent more than 4 MiB for the manifest .* huge: refused"):
+        Registry(None, repository, actions="pull").manifest("huge")
