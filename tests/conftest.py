@@ -45,6 +45,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+def key_pair(folder: Path, name: str) -> tuple[Path, Path, object]:
+    """A P-256 key pair as openssl writes it: NAME.pem (PKCS#8), NAME.pub (PKIX); and the public key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public, key.public_key()
+
+
 def run_cli_measured(*args: str, env: dict[str, str] | None = None, timeout: int = 300):
     """run_cli, and the peak resident memory (bytes) of the gpux-pack process: measured by a
     parent of its own, whose only child it is."""

@@ -403,15 +403,9 @@ def test_a_signed_model_verifies_with_model_signing_and_a_changed_one_never_serv
     import sys
     from pathlib import Path
 
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    from tests.conftest import key_pair
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                         serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
-    (tmp_path / "key.pub").write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    key_pair(tmp_path, "key")
     project = copy_example("mlp", tmp_path)
     with open(project / "gpux.yml", "a") as f:
         f.write("\npack:\n  verify_model: true\n")

@@ -204,18 +204,11 @@ def test_build_push_json_replays_and_pushes_only_the_new_weights(registry, tmp_p
     provenance attached and signed, so `verify` passes; the summary with the new digest. With
     --sign-model the weights-only rebuild is a full one: the new image's model signature verifies."""
     import onnx
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
     from onnx import numpy_helper
 
-    from tests.conftest import copy_example, serve
+    from tests.conftest import copy_example, key_pair, serve
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = tmp_path / "key.pem", tmp_path / "key.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private, public, _ = key_pair(tmp_path, "key")
     env = login(tmp_path / "login", registry, PASSWORD)
     project = copy_example("mlp", tmp_path)
     tag = f"{registry}/team/replayed:1"

@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import BASE_IMAGE, EXAMPLES, free_port, run_cli, serve
+from tests.conftest import BASE_IMAGE, EXAMPLES, free_port, key_pair, run_cli, serve
 from tests.e2e.conftest import PASSWORD, USER
 from tests.manifests import kserve_schema, validate
 
@@ -170,20 +170,6 @@ def test_the_registry_serves_the_sbom_and_provenance_as_referrers_of_the_digest(
     assert documents["application/vnd.cyclonedx+json"] == (attestation_store.folder_of(image_id) / attestation_store.SBOM_FILE).read_bytes()
 
 
-def _key_pair(folder: Path, name: str) -> tuple[Path, Path, object]:
-    """A P-256 key pair as openssl writes it: key.pem (PKCS#8), key.pub (PKIX)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public, key.public_key()
-
-
 def _cosign_verify(registry: str, repository_path: str, digest: str, public_key) -> bool:
     """cosign's key-based verification, written here from its specification (sigstore/cosign
     specs/SIGNATURE_SPEC.md), not with gpux-pack's code: the manifest tagged sha256-<hex>.sig,
@@ -226,8 +212,8 @@ def test_a_signature_verifies_with_cosign_s_scheme_and_a_forgery_does_not(pushed
 
     tag, digest = pushed
     env = _docker_config(tmp_path, registry, PASSWORD)
-    private, public, public_key = _key_pair(tmp_path, "test")
-    _, other_public, other_key = _key_pair(tmp_path, "other")
+    private, public, public_key = key_pair(tmp_path, "test")
+    _, other_public, other_key = key_pair(tmp_path, "other")
     repository, sha = digest.split("@")
     path = repository.split("/", 1)[1]
     proc = run_cli("sign", tag, "--key", str(private), env=env)
@@ -288,7 +274,7 @@ def test_verify_reads_the_attached_documents_and_a_forged_one_fails(pushed, regi
 
     tag, digest = pushed
     env = _docker_config(tmp_path, registry, PASSWORD)
-    private, public, _ = _key_pair(tmp_path, "documents")
+    private, public, _ = key_pair(tmp_path, "documents")
     assert run_cli("sign", tag, "--key", str(private), env=env).returncode == 0
     repository, sha = digest.split("@")
     image = docker_client.images.get(tag)

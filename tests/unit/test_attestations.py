@@ -177,17 +177,10 @@ def test_build_sbom_dir_is_a_usage_error_when_it_cannot_be_made(tmp_path):
     assert Path(tmp_path).is_dir()
 
 
-def _key(tmp_path: Path) -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+def _key(folder: Path) -> tuple[Path, Path]:
+    from tests.conftest import key_pair
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = tmp_path / "model.key", tmp_path / "model.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
+    return key_pair(folder, "model")[:2]
 
 
 def _signed_image(tmp_path: Path, project: Path, private: Path) -> Path:
@@ -239,7 +232,7 @@ def test_a_signed_model_is_checked_before_it_loads_and_a_changed_byte_refuses_to
         Model.load(settings(image, GPUX_VERIFY_MODEL="1"), warm_up=False)
     (image / "model/extra.bin").unlink()
     _, other = _key(tmp_path / "other") if (tmp_path / "other").mkdir() is None else (None, None)
-    with pytest.raises(StartupError, match=r"the model signature does not verify with model.pub.pem"):
+    with pytest.raises(StartupError, match=r"the model signature does not verify with model.pub"):
         Model.load(settings(image, GPUX_VERIFY_MODEL="1", GPUX_MODEL_PUBLIC_KEY=str(other)), warm_up=False)
     Model.load(settings(image, GPUX_VERIFY_MODEL="1", GPUX_MODEL_PUBLIC_KEY=str(public)), warm_up=False)
 
