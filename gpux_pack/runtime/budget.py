@@ -5,7 +5,7 @@ budget (half the memory) a request waits for none of it (503), past GPUX_MAX_REQ
 request is refused (413). HTTP and gRPC charge the same budget. Memory freed by large requests
 goes back to the system once idle (malloc_trim).
 
-What the process keeps between requests counts too: its resident memory once idle (measured
+What the process keeps between requests counts too: its resident anonymous memory once idle (measured
 after warmup, and again after each trim) is its floor, and the in-flight budget shrinks by what
 that floor grew since warmup (heap fragmentation, the image libraries' pools, threads' arenas),
 and never reaches past the container's memory less the floor and a reserve. Without it, a
@@ -66,12 +66,20 @@ class Budget:
             self.room = max(0, room)
 
     def hold(self, n: int) -> int:
-        """Count n request bytes against what all requests in flight may hold; 503 past it."""
-        with self._lock:
-            if n and self.in_flight_bytes + n > self.room:
-                raise RequestError("too many request bytes in flight; retry shortly", 503, refused="memory")
-            self.in_flight_bytes += n
-        return n
+        """Count n request bytes against what all requests in flight may hold; 503 past it. With
+        nothing in flight, the floor is read again before a refusal: memory a request was still
+        freeing when the floor was last read would otherwise refuse every request after it."""
+        for again in (True, False):
+            with self._lock:
+                fits = not n or self.in_flight_bytes + n <= self.room
+                if fits:
+                    self.in_flight_bytes += n
+                    return n
+                idle = self.in_flight_bytes == 0
+            if not (again and idle and self.room < self.settings.max_in_flight_bytes):
+                break
+            self.measure()
+        raise RequestError("too many request bytes in flight; retry shortly", 503, refused="memory")
 
     def hold_decode(self, cost: int, size: int) -> int:
         """Count what decoding a body will hold; a body that could never fit is 413, not an OOM."""
@@ -86,7 +94,8 @@ class Budget:
         with self._lock:
             self.in_flight_bytes -= n
             self._large = self._large or n >= self.trim_after
-            trim = self._large and self.in_flight_bytes == 0
+            idle = self.in_flight_bytes == 0
+            trim = self._large and idle
             if trim:
                 self._large = False
         if trim:  # malloc_trim walks every arena (tens of ms after a large request): never on the event loop
@@ -94,6 +103,8 @@ class Budget:
                 self.codec.submit(self._trim)
             except RuntimeError:  # shutting down
                 pass
+        elif idle and self.room < self.settings.max_in_flight_bytes:  # the floor read last may have come
+            self.measure()  # down since (memory freed after that read): a read of /proc is microseconds
 
     def _trim(self) -> None:
         trim()
@@ -181,10 +192,14 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def resident() -> int | None:
-    """This process's resident memory in bytes (Linux's /proc/self/statm), None where there is none."""
+    """This process's resident anonymous memory in bytes (Linux's /proc/self/statm: resident less
+    shared, the file-backed pages), None where there is none. The pages of the libraries it maps
+    (35 MB of a small image's 70) are the kernel's to drop and read again under pressure: they
+    never OOM-kill a container; what the process allocated does."""
     try:
         with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * _PAGE
     except (OSError, ValueError, IndexError):
         return None
 MMAP_THRESHOLD = 1 << 20  # blocks this large come from mmap and go back to the system when freed

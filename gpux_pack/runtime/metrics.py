@@ -34,6 +34,8 @@ class Metrics:
         self.batched = _Gauge(self.lock)  # requests answered by a shared run (a counter)
         self.queue = _Gauge(self.lock)
         self.in_flight = _Gauge(self.lock)
+        self.room = _Gauge(self.lock)  # what requests may hold now (budget.Budget.room)
+        self.floor = _Gauge(self.lock)  # the process's resident anonymous memory with nothing in flight (0: not read)
         self.refused = _Labelled(self.lock)
         self._registry: Any = None
 
@@ -70,6 +72,7 @@ class Metrics:
             latency = [(k, h.copy()) for k, h in self.latency.items()]
             inference, batch = self.inference.copy(), self.batch.copy()
             batched, queue, in_flight = self.batched.value, self.queue.value, self.in_flight.value
+            room, floor = self.room.value, self.floor.value
             refused = list(self.refused.values.items())
         counter = CounterMetricFamily("gpux_requests", "HTTP requests answered", labels=["endpoint", "code"])
         for (endpoint, code), n in requests:
@@ -88,7 +91,11 @@ class Metrics:
         refusals = CounterMetricFamily("gpux_refused", "Requests refused for lack of room", labels=["reason"])
         for reason, n in refused:
             refusals.add_metric([reason], n)
-        return [counter, seconds, runs, rows, shared, depth, held, refusals]
+        room_ = GaugeMetricFamily("gpux_request_room_bytes", "Bytes all requests in flight may hold now: half the "
+                                  "memory, less what the process kept since warmup", value=room)
+        floor_ = GaugeMetricFamily("gpux_resident_floor_bytes", "The server's resident anonymous memory when last read with no "
+                                   "request in flight (0: not read: no container memory limit)", value=floor)
+        return [counter, seconds, runs, rows, shared, depth, held, refusals, room_, floor_]
 
 
 class _Histogram:

@@ -26,7 +26,9 @@ def _alive(server) -> None:
     container = server.container.get_wrapped_container()
     container.reload()
     assert container.status == "running" and not container.attrs["State"]["OOMKilled"], container.attrs["State"]
-    assert server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}).status_code == 200
+    answer = server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]})
+    assert answer.status_code == 200, (answer.text, [line for line in server.get("/metrics").text.splitlines()
+                                                     if line.startswith(("gpux_request_room", "gpux_resident", "gpux_in_flight"))], _memory(container))
 
 
 def _bodies(size: int) -> dict[str, tuple[str, bytes]]:
@@ -139,7 +141,9 @@ def test_parallel_and_sequential_requests_inside_the_limits_never_oom_kill(grpc_
                         codes = list(pool.map(call, [_grpc_infer_bytes(False, size)] * 8))
                     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, (size, parallel, codes)
                     _alive(server)
-            assert call(_grpc_infer_bytes(False, 4096 * 16)) == "OK"
+            last = call(_grpc_infer_bytes(False, 4096 * 16))
+            assert last == "OK", (last, [line for line in server.get("/metrics").text.splitlines()
+                                         if line.startswith(("gpux_request_room", "gpux_resident", "gpux_in_flight"))])
 
 
 def test_eight_trickling_uploads_do_not_hold_other_clients_off(mlp_image):

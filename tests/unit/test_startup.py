@@ -39,6 +39,10 @@ def _prometheus_objects() -> tuple[bytes, bytes]:
     queue = Gauge("gpux_queue_depth", "Requests waiting for an inference worker", registry=r)
     in_flight = Gauge("gpux_in_flight_bytes", "Request bytes held by requests in flight", registry=r)
     refused = Counter("gpux_refused", "Requests refused for lack of room", ["reason"], registry=r)
+    room = Gauge("gpux_request_room_bytes", "Bytes all requests in flight may hold now: half the memory, less what "
+                 "the process kept since warmup", registry=r)
+    floor = Gauge("gpux_resident_floor_bytes", "The server's resident anonymous memory when last read with no request in "
+                  "flight (0: not read: no container memory limit)", registry=r)
     empty = generate_latest(r)
     for endpoint, code, seconds in EVENTS:
         requests.labels(endpoint, str(code)).inc()
@@ -50,6 +54,8 @@ def _prometheus_objects() -> tuple[bytes, bytes]:
         refused.labels(reason).inc()
     queue.set(3)
     in_flight.set(1234)
+    room.set(5678)
+    floor.set(91011)
     return empty, generate_latest(r)
 
 
@@ -64,6 +70,8 @@ def test_metrics_text_is_what_prometheus_client_objects_write():
         m.refused.labels(reason).inc()
     m.queue.set(3)
     m.in_flight.set(1234)
+    m.room.set(5678)
+    m.floor.set(91011)
     body, content_type = m.render()
     assert (empty, body) == _prometheus_objects()
     assert content_type.startswith("text/plain")
