@@ -63,7 +63,7 @@ import serve_bench  # bench/: its container start and load generator
 from gpux_pack.project.model import inspect_model
 from gpux_pack.runtime import tensors
 from gpux_pack.runtime.resources import REQUEST_OVERHEAD
-from gpux_pack.runtime.server import ANSWER_TEXT
+from gpux_pack.runtime.budget import ANSWER_TEXT
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "gpux-bench/json-matrix:mlp"
@@ -95,8 +95,9 @@ def charge(name: str, body: bytes, rows: int) -> int:
     if name == "v2 binary":
         decode = (len(body) - rows * 16) * tensors.JSON_FACTOR  # the JSON header as objects
         answer = outputs * 4
-    else:
-        numeric = tensors.numeric_body(body)
+    else:  # parsed whole up to WHOLE_PARSE (the server's rule, with --memory 1g's per-request budget)
+        whole = len(body) <= tensors.WHOLE_PARSE and len(body) * tensors.JSON_FACTOR <= (1024 * MiB // 8) // 2
+        numeric = None if whole else tensors.numeric_body(body)
         decode = numeric.decode_cost(4) if numeric is not None else len(body) * tensors.JSON_FACTOR
         answer = outputs * ANSWER_TEXT
     return max(len(body) + decode, tensors_bytes + answer) + REQUEST_OVERHEAD

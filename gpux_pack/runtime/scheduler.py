@@ -73,6 +73,11 @@ class Scheduler:
     def depth(self) -> int:
         return len(self._jobs)
 
+    @property
+    def closed(self) -> bool:
+        """Shutting down: no new run is taken."""
+        return self._closed
+
     def arrive(self, delta: int) -> None:
         with self._cv:
             self.arriving += delta

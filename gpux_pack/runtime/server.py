@@ -21,16 +21,17 @@ from typing import Any, Awaitable, Callable, Union
 
 import numpy as np
 
-from . import openapi
+from . import number_arrays, openapi
 from .metrics import Metrics, route
 from .budget import Budget, Charge, trim, tune_malloc
-from .resources import INLINE_BYTES, REQUEST_OVERHEAD
+from .resources import INLINE_BYTES, INLINE_DECODE, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from . import warmup
 from .session import Model
 from .warmup import AccuracyError
-from .tensors import (JSON_FACTOR, labelled, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
+from .tensors import (JSON_FACTOR, WHOLE_PARSE, labelled, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
                       encode_predict, hole_inputs, numeric_body, parse_json, plain_numbers, to_json)
+from .dtypes import BINARY_ONLY, DTYPES
 from .v2 import V2Request, decode_rest, encode_v2, split_binary
 
 log = logging.getLogger("gpux")
@@ -87,6 +88,10 @@ class App:
         self.batchable = _batchable([replace(s, required=True) if s.name in fed else s for s in model.inputs],
                                     model.outputs)
         self.string_inputs = any(s.dtype == "string" for s in (*model.inputs, *model.overridable))
+        # the inputs a /predict body's number arrays may be read straight into (number_arrays.py)
+        self.float_inputs = {s.name: np.dtype(DTYPES[s.dtype][0]) for s in (*model.overridable, *model.inputs)
+                             if s.dtype in DTYPES and s.dtype not in BINARY_ONLY
+                             and np.dtype(DTYPES[s.dtype][0]).kind == "f"}
         batching = None
         if settings.batching:
             if self.batchable:
@@ -98,6 +103,7 @@ class App:
         self.scheduler = Scheduler(model.run, ort.RunOptions, settings.max_workers, settings.max_queue, batching,
                                    self.metrics.observe_run)
         self.budget = Budget(model, self.codec)
+        self.inline_run = 0  # input bytes up to which a run is made on the event loop (warmup.inline_run_bytes)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -115,6 +121,7 @@ class App:
                 warmup.run(self.model)
                 if self.model.warmup_state.get("state") == "done":
                     warmup.tune_threads(self.model)
+                    self.inline_run = warmup.inline_run_bytes(self.model, self.scheduler.batching is not None)
                 trim()  # what warmup freed goes back: the floor is the model's
                 self.budget.measure(start=True)
             except AccuracyError as e:  # wrong answers are worse than none: stop, exit 1
@@ -217,6 +224,8 @@ class App:
                 return _json(200, model.provider_report())
             self.metrics.queue.set(self.scheduler.depth)
             self.metrics.in_flight.set(self.budget.in_flight_bytes)
+            self.metrics.room.set(self.budget.room)
+            self.metrics.floor.set(self.budget.floor or 0)
             body, content_type = self.metrics.render()
             return Response(200, body, content_type.encode())
         if path == "/predict":
@@ -294,7 +303,7 @@ class App:
             loop = asyncio.get_running_loop()
             self.scheduler.arrive(1)
             try:  # JSON tensors cost time in proportion: off the loop; a small or binary body: here
-                cheap = not self.model.steps and (len(body) <= INLINE_BYTES or
+                cheap = not self.model.steps and (len(body) <= INLINE_DECODE or
                                                  (BINARY_HEADER in headers and not self.string_inputs))
                 if not cheap:
                     feeds, request, needed = await loop.run_in_executor(self.codec, self._decode, body, headers, v2)
@@ -406,14 +415,16 @@ class App:
         media = not v2 and content_type.startswith((b"image/", b"audio/")) and model.steps is not None
         length = headers.get(BINARY_HEADER) if v2 else None
         numeric = holes = None
+        whole = False  # parsed in one call (WHOLE_PARSE)
         direct = False  # large number arrays read from the text (tensors.numeric_body)
         if npy or media:
             cost = len(body)  # np.load's copy; the media's bytes
         elif length is not None:  # the JSON header as objects; the tensors are views of the body
             header_bytes = int(length) if length.strip().isdigit() else len(body)
             cost = min(header_bytes, len(body)) * JSON_FACTOR
-        else:  # a top-level array (GPUX's batch form) is parsed whole
-            numeric = numeric_body(body) if v2 or body[:64].lstrip()[:1] != b"[" else None
+        else:  # a top-level array (GPUX's batch form) is parsed whole; so is a small body, in one call
+            whole = len(body) <= WHOLE_PARSE and len(body) * JSON_FACTOR <= model.settings.max_request_bytes // 2
+            numeric = numeric_body(body) if not whole and (v2 or body[:64].lstrip()[:1] != b"[") else None
             holes = hole_inputs(numeric, model.inputs, model.overridable, v2) if numeric else None
             direct = numeric is not None and holes is not None  # else the body is parsed whole
             if direct:
@@ -448,9 +459,12 @@ class App:
             else:
                 if not body.strip():
                     raise RequestError("empty body; expected JSON")
+                parsed, fast = None, False
                 if direct:
-                    parsed, fast = numeric.fill(holes.get), False  # type: ignore[union-attr]
-                else:
+                    parsed = numeric.fill(holes.get)  # type: ignore[union-attr]
+                elif whole and model.steps is None and self.float_inputs:
+                    parsed = number_arrays.arrays(body, self.float_inputs)  # None: not the plainest body
+                if parsed is None:
                     parsed = parse_json(body)
                     fast = not isinstance(parsed, list) and plain_numbers(body, parsed, v2=False)
                 if model.steps is not None:  # GPUX's image and audio forms, as the checker takes them
@@ -469,6 +483,15 @@ class App:
         return feeds, request, self.budget.request_bytes(feeds, request, v2)
 
     async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
+        if self.inline_run and not self.scheduler.closed and \
+                sum(getattr(a, "nbytes", 0) for a in feeds.values()) <= self.inline_run:
+            started = time.perf_counter()  # a run cheaper than the hand-offs to a worker and back: here
+            try:
+                outputs = self.model.run(feeds, names)
+            except Exception as e:
+                raise _rejected(e) from None
+            self.metrics.observe_run(1, time.perf_counter() - started)
+            return outputs
         timeout = self.model.settings.timeout
         try:
             job = self.scheduler.submit(feeds, names, self.batchable)
@@ -481,10 +504,15 @@ class App:
             job.abandon()
             raise RequestError(f"inference took longer than {timeout:g}s", 504) from None
         except Exception as e:
-            text = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if type(e).__name__ in ("InvalidArgument", "InvalidGraph", "Fail"):
-                raise RequestError(f"the model rejected the inputs: {text}") from None
-            raise
+            raise _rejected(e) from None
+
+
+def _rejected(e: Exception) -> Exception:
+    """ONNX Runtime's refusal of a request's inputs as a 400; anything else as it is."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if type(e).__name__ in ("InvalidArgument", "InvalidGraph", "Fail"):
+        return RequestError(f"the model rejected the inputs: {text}")
+    return e
 
 
 def _batchable(inputs: list[ServedTensor], outputs: list[ServedTensor]) -> bool:
@@ -564,6 +592,7 @@ def serve(model: Model, pack_version: str = "", handoff: Callable[[Any], None] |
         log_level=settings.log_level,
         log_config=None,  # our handlers (text or JSON lines) for uvicorn's loggers too
         lifespan="on",
+        proxy_headers=False,  # X-Forwarded-* are not read: a middleware on every request for nothing
         server_header=False,
         timeout_graceful_shutdown=max(1, int(settings.drain_seconds)),
         access_log=False,  # ours, with the fields the JSON format needs

@@ -117,8 +117,10 @@ def test_image_is_slim_non_root_and_read_only(mlp_image, docker_client):
     base = docker_client.images.get(image.attrs["Config"]["Labels"]["org.opencontainers.image.base.name"])
     above = (image.attrs["Size"] - base.attrs["Size"]) / 1e6
     # 96 MB on onnxruntime 1.31.1; 1.32.0 (the first to load IR 14) ships a 5.6 MB larger, stripped
-    # x86_64 module (36.0 MB against 30.4): the ceiling moves by that and no more
-    assert above <= 106, f"the cpu image is {above:.1f} MB above its base"
+    # x86_64 module (36.0 MB against 30.4); pysimdjson's module adds 7.3 MB (a body's number arrays
+    # read without a Python object per number: 4x GPUX's requests a second), the wheels' C sources
+    # trimmed take 0.7 MB off: the ceiling moves by that and no more
+    assert above <= 110, f"the cpu image is {above:.1f} MB above its base"
 
 
 def test_history_lines_carry_their_layers_sizes(mlp_image, docker_client):

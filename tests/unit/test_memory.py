@@ -132,17 +132,18 @@ def test_what_the_process_keeps_between_requests_is_taken_out_of_what_requests_m
 
 
 @pytest.mark.parametrize("rows, words", [
-    (b"[1,2,3,4]," * 9000 + b"[1,2,3]", "ragged nested lists"),
-    (b"[1,2,3,4]," * 9000 + b"[1,2,3,+4]", "malformed JSON number"),
-    (b"[1,2,3,4]," * 9000 + b"[1,2,3,.4]", "malformed JSON number"),
-    (b"[1,2,3,4]," * 9000 + b"[1,2,3,4],", "malformed JSON"),
-    (b"[1,2,3,4]," * 9000 + b'[1,2,3,"4"]', "got strings"),
-    (b"[1,2,3,4]," * 9000 + b"[1,2,3,null]", "or nulls"),
+    (b"[1,2,3,4]," * 120000 + b"[1,2,3]", "ragged nested lists"),
+    (b"[1,2,3,4]," * 120000 + b"[1,2,3,+4]", "malformed JSON number"),
+    (b"[1,2,3,4]," * 120000 + b"[1,2,3,.4]", "malformed JSON number"),
+    (b"[1,2,3,4]," * 120000 + b"[1,2,3,4],", "malformed JSON"),
+    (b"[1,2,3,4]," * 120000 + b'[1,2,3,"4"]', "got strings"),
+    (b"[1,2,3,4]," * 120000 + b"[1,2,3,null]", "or nulls"),
 ])
 def test_large_bodies_are_refused_as_small_ones_are(mlp, rows, words):
+    """Past WHOLE_PARSE (1 MiB) a body's arrays are read from its text: the same refusals."""
     status, answer, _ = mlp.request("POST", "/predict", b'{"features": [' + rows + b"]}")
     assert status == 400 and words in answer["error"], answer
-    v2 = b'{"inputs": [{"name": "features", "shape": [9001, 4], "datatype": "FP32", "data": [' + rows + b"]}]}"
+    v2 = b'{"inputs": [{"name": "features", "shape": [120001, 4], "datatype": "FP32", "data": [' + rows + b"]}]}"
     status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", v2)
     assert status == 400 and words in answer["error"], answer
 

@@ -60,12 +60,12 @@ def test_warmup_never_is_ready_at_once(tmp_path):
 
 
 def test_runtime_imports_only_its_own_libraries():
-    """The runtime folder is copied alone into images holding numpy, onnxruntime, uvicorn,
-    orjson and prometheus-client."""
+    """The runtime folder is copied alone into images holding numpy, onnxruntime, uvicorn, orjson,
+    pysimdjson and prometheus-client."""
     import ast
     import sys
 
-    allowed = set(sys.stdlib_module_names) | {"numpy", "onnxruntime", "uvicorn", "orjson", "prometheus_client",
+    allowed = set(sys.stdlib_module_names) | {"numpy", "onnxruntime", "uvicorn", "orjson", "simdjson", "prometheus_client",
                                               "grpc", "google",  # only with serving.grpc_port
                                               "tokenizers", "PIL",  # only with a tokenizer, image preprocessing
                                               "cryptography"}  # only with a signed model (build --sign-model)
