@@ -229,6 +229,7 @@ def test_build_push_json_replays_and_pushes_only_the_new_weights(registry, tmp_p
         new_weights()
         second = run_cli(*args, env=env)
         assert second.returncode == 0 and "only the model's weights changed" in second.stderr, second.stderr[-2000:]
+        made.append(docker_client.images.get(tag).id)  # untagged by the third build
         before, after = (json.loads(p.stdout)["images"][0]["digest"] for p in (first, second))
         assert after and after != before
         row = json.loads(second.stdout)["images"][0]
