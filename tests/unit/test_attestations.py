@@ -13,6 +13,7 @@ import pytest
 
 from gpux_pack.engine import rootfs
 from gpux_pack.image import provenance, sbom
+from gpux_pack.image.attestation_store import sbom_bytes
 from gpux_pack.pipeline import build
 from gpux_pack.plan import Options, with_lock
 from gpux_pack.registry import referrers
@@ -44,6 +45,7 @@ Version: 1:1.2.13.dfsg-1
 def plan(tmp_path, monkeypatch):
     """examples/mlp's plan on a base whose files say Debian 12 with two installed packages."""
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    monkeypatch.setenv("GPUX_PACK_CACHE_DIR", str(tmp_path / "cache"))  # the SBOMs kept for reuse (sboms/)
     root = tmp_path / "rootfs"
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text(STATUS)
@@ -95,6 +97,55 @@ def test_the_sbom_lists_the_base_s_packages_the_lock_and_the_model(plan):
 def test_the_same_inputs_give_the_same_bytes(plan):
     assert sbom.document(plan, "sha256:1") == sbom.document(plan, "sha256:1")
     assert sbom.document(plan, "sha256:1") != sbom.document(plan, "sha256:2")  # the serial number follows
+
+
+def _other_model(plan, tmp_path):
+    """The plan with a retrained, re-described model: new weights, another graph, other metadata."""
+    from dataclasses import replace
+
+    model = replace(plan.model, sha256="d" * 64, size_bytes=plan.model.size_bytes + 12, nodes=plan.model.nodes + 1)
+    project = replace(plan.project, config=plan.config.model_copy(update={"description": None}))
+    return replace(plan, model=model, project=project, tag="team/iris:2", created="2024-01-02T03:04:05Z")
+
+
+def test_a_kept_sbom_gives_what_the_library_writes_for_another_model_and_gpux_yml(plan, tmp_path, monkeypatch):
+    """The base's and the lock's part is written by the library once and kept; the next build's
+    image, model, assets and time are put in by hand: the bytes must be the library's own."""
+    first = sbom.document(plan, "sha256:1")
+    assert first == sbom_bytes(json.loads(sbom.library_document(plan, "sha256:1")))
+    assert len(list((tmp_path / "cache" / "sboms").iterdir())) == 1
+    other = _other_model(plan, tmp_path)
+    expected = sbom_bytes(json.loads(sbom.library_document(other, "sha256:2")))
+
+    def not_again(*_args):
+        raise AssertionError("the kept part was written again")
+
+    monkeypatch.setattr(sbom, "library_document", not_again)
+    assert sbom.document(other, "sha256:2") == expected
+    doc = json.loads(expected)
+    assert "description" not in doc["metadata"]["component"] and doc["metadata"]["component"]["name"] == "team/iris"
+    assert sbom.validate(doc) is None
+
+
+def test_an_sbom_with_a_tokenizer_keeps_the_library_s_bytes(plan, tmp_path, monkeypatch):
+    for name in ("tokenizer.json", "vocab.txt"):
+        (tmp_path / name).write_text(name)
+    assets = (("tokenizer.json", tmp_path / "tokenizer.json"), ("vocab.txt", tmp_path / "vocab.txt"))
+    monkeypatch.setattr(type(plan), "assets", property(lambda _: assets))
+    sbom.document(plan, "sha256:1")  # kept
+    (tmp_path / "vocab.txt").write_text("another vocabulary")
+    other = _other_model(plan, tmp_path)
+    assert sbom.document(other, "sha256:3") == sbom_bytes(json.loads(sbom.library_document(other, "sha256:3")))
+    assert len(list((tmp_path / "cache" / "sboms").iterdir())) == 1
+
+
+def test_another_lock_or_base_is_not_given_a_kept_sbom(plan, tmp_path):
+    from dataclasses import replace
+
+    sbom.document(plan)
+    other_base = replace(plan, base=replace(plan.base, id="sha256:" + "e" * 64))
+    assert json.loads(sbom.document(other_base))["components"] != json.loads(sbom.document(plan))["components"]
+    assert len(list((tmp_path / "cache" / "sboms").iterdir())) == 2
 
 
 def test_the_provenance_is_an_in_toto_statement_of_slsa_v1(plan):
