@@ -27,6 +27,8 @@ KINDS = {
     "probes": "base image facts",
     "engines": "engine layer-format checks",
     "attestations": "each image's SBOM and provenance (push attaches them)",
+    "sboms": "SBOMs' base and lock parts, reused by the next build on them",
+    "models": "what a model's checks found, by what they read (a retrained model is not checked again)",
     "rebuild": "what a weights-only rebuild replays",
 }
 

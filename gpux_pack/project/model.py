@@ -4,18 +4,22 @@ inputs/outputs with it. Everything here runs before Docker is touched."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 import os
 import shlex
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpux_pack.project.config import TensorSpec
 from gpux_pack.project.load import Project
 from gpux_pack.project.preprocess import AudioStep, ImageStep, TextStep, audio_step, image_step, text_step
-from gpux_pack.project.skeleton import FileChanged, Weight, read_skeleton, tensor_at
+from gpux_pack.project.skeleton import (FileChanged, Skeleton, Weight, WireError, fields, graph_digest, read_skeleton,
+                                        tensor_at)
+from gpux_pack.staging import cache_dir, touch, write_bytes
 from gpux_pack.errors import ModelError
 from gpux_pack.runtime.dtypes import ONNX_TO_NAME
 
@@ -46,9 +50,6 @@ class ModelInfo:
 
 def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     """Load the model's structure (not its weights) and check it; one clear ModelError if not."""
-    import onnx  # heavy: imported only when a model is read
-    from onnx import external_data_helper
-
     shown = display or str(path)
     if not path.is_file():
         raise ModelError(shown, "no such file")
@@ -56,6 +57,15 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
         raise ModelError(shown, "is empty (0 bytes)")
     try:
         skeleton = read_skeleton(path)
+        key = checked_key(skeleton)
+        checked = checked_before(key)
+        if checked is not None:
+            digest, size = _digest(path.parent, (path.name,))
+            return replace(checked.info, path=path.resolve(), files=(path.name,), sha256=digest, size_bytes=size,
+                           producer=checked.producer)
+        import onnx  # heavy (70 ms with NumPy): imported only when a model is checked
+        from onnx import external_data_helper
+
         proto = onnx.ModelProto.FromString(skeleton.model)
     except FileChanged as e:  # a copy still being written: the same file may be whole later
         raise ModelError(shown, f"changed while it was read ({e}); try again once it is complete") from None
@@ -98,7 +108,7 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
     except Exception as e:
         raise ModelError(shown, f"fails the ONNX checker: {_first_line(e)}") from None
     digest, size = _digest(path.parent, files)
-    return ModelInfo(
+    info = ModelInfo(
         path=path.resolve(),
         files=files,
         size_bytes=size,
@@ -114,6 +124,123 @@ def inspect_model(path: Path, display: str | None = None) -> ModelInfo:
         working_memory=working,
         inline_weights=sum(w.length for w in weights),
     )
+    if len(files) == 1:  # external data is checked where it lies, each time
+        keep_checked(key, info)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# what the checks found, kept by what they read
+
+CHECKED_FORMAT = 1  # of the entries under the cache's models/ (a change makes every one of them unused)
+# ModelProto's fields no check reads (producer_name, producer_version, domain, model_version,
+# doc_string, metadata_props): a retrained model's new ones do not make it a model to check again
+_METADATA = {2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 14: 2}  # field -> its wire type
+
+
+@dataclass(frozen=True)
+class Checked:
+    info: ModelInfo  # its path, files, digest, size and producer are this file's, put in by the caller
+    producer: str
+
+
+def checked_before(key: tuple[str, str] | None) -> Checked | None:
+    """What an earlier inspect_model found for a model of this checked_key."""
+    if key is None:
+        return None
+    kept = cache_dir() / "models" / f"{key[0]}.json"
+    try:
+        doc = json.loads(kept.read_bytes())
+        info = ModelInfo(path=Path(), files=(), size_bytes=0, sha256="", producer="", opset=doc["opset"],
+                         ir_version=doc["ir_version"], inputs=_specs(doc["inputs"]), outputs=_specs(doc["outputs"]),
+                         opsets=doc["opsets"], custom_ops=tuple(doc["custom_ops"]), nodes=doc["nodes"],
+                         working_memory=tuple((tuple((name, axis) for name, axis in dims), size)
+                                              for dims, size in doc["working_memory"]),
+                         inline_weights=doc["inline_weights"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    touch(kept)
+    return Checked(info, key[1])
+
+
+def keep_checked(key: tuple[str, str] | None, info: ModelInfo) -> None:
+    """Keep what the checks found (never their failures: a refused model is checked again)."""
+    if key is None:
+        return
+    doc = {"opset": info.opset, "ir_version": info.ir_version, "opsets": info.opsets,
+           "inputs": [_spec_json(t) for t in info.inputs], "outputs": [_spec_json(t) for t in info.outputs],
+           "custom_ops": list(info.custom_ops), "nodes": info.nodes, "inline_weights": info.inline_weights,
+           "working_memory": [[[list(d) for d in dims], size] for dims, size in info.working_memory]}
+    try:
+        write_bytes(cache_dir() / "models" / f"{key[0]}.json", json.dumps(doc, sort_keys=True).encode())
+    except OSError:  # a cache that cannot be written costs the next build the checks, nothing else
+        pass
+
+
+def checked_key(skeleton: Skeleton) -> tuple[str, str] | None:
+    """What the checks read, as a key, and the model's producer. The checks read the skeleton
+    (the structure and small tensors the checker, shape inference and the rest read; the skipped
+    weights' places and lengths) and no metadata but the producer, which is read here; the
+    metadata is checked here as the full path would: text that is UTF-8, metadata_props keys
+    that are unique (the checker's rule). None when it is not what this walk can vouch for: the
+    model then goes through every check. GPUX_PACK_CHECK_CACHE=0 turns it off."""
+    if os.environ.get("GPUX_PACK_CHECK_CACHE") == "0":
+        return None
+    data = skeleton.model
+    h = hashlib.sha256(json.dumps([CHECKED_FORMAT, _checker_version(),
+                                   [[list(w.path), w.length, w.typed_fields] for w in skeleton.weights]]).encode())
+    text: dict[int, str] = {}
+    keys: set[str] = set()
+    try:
+        for number, wire, tag_start, value_start, value_end in fields(data, 0, len(data)):
+            if number == 7 and wire == 2:  # the graph
+                h.update(data[tag_start:value_start])
+                graph_digest(h, data, value_start, value_end)
+            elif number not in _METADATA:
+                h.update(data[tag_start:value_end])
+            elif wire != _METADATA[number]:
+                return None
+            elif number == 14:
+                entry = _string_pair(data, value_start, value_end)
+                if entry is None or entry[0] in keys:
+                    return None  # malformed, or a key twice: the checker refuses it
+                keys.add(entry[0])
+            elif number != 5:
+                text[number] = data[value_start:value_end].decode("utf-8")  # the last one counts, as in protobuf
+    except (WireError, UnicodeDecodeError):
+        return None
+    producer = " ".join(t for t in (text.get(2, ""), text.get(3, "")) if t)
+    return h.hexdigest()[:40], producer
+
+
+def _string_pair(data: bytes, start: int, end: int) -> tuple[str, str] | None:
+    """A StringStringEntryProto (key 1, value 2, both UTF-8), or None for anything else."""
+    pair = {1: "", 2: ""}
+    for number, wire, _, value_start, value_end in fields(data, start, end):
+        if number not in pair or wire != 2:
+            return None
+        pair[number] = data[value_start:value_end].decode("utf-8")
+    return pair[1], pair[2]
+
+
+def _checker_version() -> str:
+    """The installed onnx, whose checker and shape inference made what is kept: its
+    dist-info's name, found without importing it (onnx and NumPy take 70 ms to import)."""
+    spec = importlib.util.find_spec("onnx")
+    if spec is None or not spec.origin:
+        return ""
+    return ",".join(sorted(p.name for p in Path(spec.origin).parent.parent.glob("onnx-*.dist-info")))
+
+
+def _spec_json(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "type": spec.type, "shape": None if spec.shape is None else list(spec.shape),
+            "required": spec.required}
+
+
+def _specs(docs: list[dict[str, Any]]) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec.model_construct(name=d["name"], type=d["type"], required=d["required"],
+                                            shape=None if d["shape"] is None else tuple(d["shape"]),
+                                            max_length=None, labels=None, description=None) for d in docs)
 
 
 # Operators whose output ONNX Runtime may write over their first input when nothing reads it later

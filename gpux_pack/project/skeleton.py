@@ -191,6 +191,76 @@ def fields(data: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int
         yield number, kind, first, at + base, pos
 
 
+_FLOATS = frozenset({1, 10, 11, 16, 17, 18, 19, 20, 23})  # TensorProto's floating-point data types
+_VALUES = frozenset({4, 5, 6, 7, 9, 10, 11})  # TensorProto's value fields, raw_data (9) among them
+# ONNX operators whose outputs' shapes follow from their inputs' shapes and attributes alone:
+# the values of a weight they read decide no shape (Reshape's, Resize's, Range's, Tile's... do)
+_SHAPE_BLIND = frozenset("""
+Abs Acos Acosh Add And Asin Asinh Atan Atanh AveragePool BatchNormalization Ceil Celu Clip Concat Conv
+ConvInteger ConvTranspose Cos Cosh DequantizeLinear Div Dropout Einsum Elu Equal Erf Exp Flatten Floor GRU
+Gather GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalLpPool GlobalMaxPool Greater GreaterOrEqual
+GroupNormalization HardSigmoid HardSwish Hardmax Identity InstanceNormalization LRN LSTM LayerNormalization
+LeakyRelu Less LessOrEqual Log LogSoftmax LpNormalization MatMul MatMulInteger Max Mean Min Mish Mod Mul Neg
+Not Or PRelu Pow QLinearConv QLinearMatMul QuantizeLinear RNN Reciprocal Relu Round Selu Shrink Sigmoid Sign
+Sin Sinh Softmax Softplus Softsign Sqrt Sub Sum Tan Tanh ThresholdedRelu Transpose Where Xor""".split())
+
+
+def graph_digest(h: Any, data: bytes, start: int, end: int) -> None:
+    """Feed `h` the GraphProto in data[start:end] less its weights' values: a floating-point
+    initializer that only ONNX operators of _SHAPE_BLIND read counts by its values' lengths
+    (retrained weights leave the digest as it was); every other byte counts as it is, what
+    shape inference may read among them (shapes, axes, scales). A graph with a subgraph or an
+    operator of another domain (what it reads is not known here) counts whole."""
+    blind: dict[str, bool] = {}  # a tensor name -> every node reading it is shape-blind
+    for number, wire, _, value_start, value_end in fields(data, start, end):
+        if number == 1 and wire == 2:  # a node
+            op, inputs = _node(data, value_start, value_end)
+            if op is None:
+                blind.clear()
+                break
+            for name in inputs:
+                blind[name] = blind.get(name, True) and op in _SHAPE_BLIND
+        elif number == 1:
+            break
+    else:
+        blind = {k: v for k, v in blind.items() if v}
+    for number, wire, tag_start, value_start, value_end in fields(data, start, end):
+        h.update(data[tag_start:value_start])
+        if number == 5 and wire == 2 and _weight(data, value_start, value_end, blind):
+            for field, _, at, inner_start, inner_end in fields(data, value_start, value_end):
+                h.update(data[at:inner_start])
+                h.update((inner_end - inner_start).to_bytes(8, "little") if field in _VALUES
+                         else data[inner_start:inner_end])
+        else:
+            h.update(data[value_start:value_end])
+
+
+def _node(data: bytes, start: int, end: int) -> tuple[str | None, list[str]]:
+    """A NodeProto's operator (None: another domain's, or one with a subgraph) and inputs."""
+    op, inputs = "", []
+    for number, wire, _, value_start, value_end in fields(data, start, end):
+        if wire != 2:
+            continue
+        if number == 1:
+            inputs.append(bytes(data[value_start:value_end]).decode("utf-8", "replace"))
+        elif number == 4:
+            op = bytes(data[value_start:value_end]).decode("utf-8", "replace")
+        elif number == 7 and value_end > value_start and data[value_start:value_end] != b"ai.onnx":
+            return None, inputs
+    return (None if op in ("If", "Loop", "Scan") else op), inputs
+
+
+def _weight(data: bytes, start: int, end: int, blind: dict[str, bool]) -> bool:
+    """A TensorProto of a floating-point type that only shape-blind operators read."""
+    kind, name = 0, None
+    for number, wire, _, value_start, value_end in fields(data, start, end):
+        if number == 2 and wire == 0:
+            kind = _varint(data, value_start, value_end)[0]
+        elif number == 8 and wire == 2:
+            name = bytes(data[value_start:value_end]).decode("utf-8", "replace")
+    return kind in _FLOATS and name is not None and blind.get(name, False)
+
+
 def _tag(number: int, length: int) -> bytes:
     """A length-delimited field's key and length."""
     out = bytearray()

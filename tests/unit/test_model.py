@@ -325,3 +325,87 @@ def test_external_data_must_hold_what_the_tensor_needs(tmp_path, length, size, p
     with pytest.raises(ModelError) as e:
         inspect_model(path, "m.onnx")
     assert str(e.value) == f"m.onnx: {problem}"
+
+
+# ---------------------------------------------------------------------------------------------
+# what the checks found is kept by what they read (issue 41: a retrained model is not checked again)
+
+
+def _retrained(src: Path, dst: Path, step: float, **metadata) -> Path:
+    """src with every weight moved by `step` and new metadata (doc_string, producer, metadata_props)."""
+    model = onnx.load(str(src))
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(step), init.name))
+    model.doc_string = metadata.get("doc", f"retrained by {step}")
+    model.producer_name, model.producer_version = "trainer", metadata.get("version", str(step))
+    del model.metadata_props[:]
+    for key, value in metadata.get("props", [("run", str(step))]):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, str(dst))
+    return dst
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUX_PACK_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "models"
+
+
+def _unchecked(monkeypatch):
+    """From here on, a model that reaches ONNX's checker fails the test."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(onnx.checker, "check_model", refuse)
+
+
+def test_a_retrained_model_with_new_metadata_is_not_checked_again(tmp_path, fresh_cache, monkeypatch):
+    first = inspect_model(_retrained(MLP, tmp_path / "a.onnx", 0.5))
+    assert len(list(fresh_cache.iterdir())) == 1
+    expected = inspect_model(_retrained(MLP, tmp_path / "b.onnx", 0.25, version="2.0"), "b.onnx")
+    _unchecked(monkeypatch)
+    kept = inspect_model(_retrained(MLP, tmp_path / "b.onnx", 0.25, version="2.0"), "b.onnx")
+    assert kept == expected and kept.producer == "trainer 2.0" and kept.sha256 != first.sha256
+    assert kept.path == (tmp_path / "b.onnx").resolve() and kept.files == ("b.onnx",)
+    assert kept.size_bytes == (tmp_path / "b.onnx").stat().st_size
+
+
+def _resize_model(path: Path, scale: float) -> Path:
+    """A float initializer that decides a shape: Resize's scales."""
+    scales = numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "scales")
+    weight = numpy_helper.from_array(np.ones((1, 3, 1, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Resize", ["m", "", "scales"], ["r"]),
+         helper.make_node("Relu", ["r"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, "h", "w"])], [scales, weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_weights_that_decide_a_shape_are_part_of_what_the_checks_read(tmp_path, fresh_cache):
+    small = inspect_model(_resize_model(tmp_path / "m.onnx", 2.0))
+    large = inspect_model(_resize_model(tmp_path / "m.onnx", 4.0))
+    assert len(list(fresh_cache.iterdir())) == 2  # the scales changed: checked again, kept apart
+    assert small.working_memory != large.working_memory
+
+
+def test_metadata_the_checker_refuses_is_checked_again_and_refused(tmp_path, fresh_cache, monkeypatch):
+    inspect_model(_retrained(MLP, tmp_path / "m.onnx", 0.5))
+    twice = _retrained(MLP, tmp_path / "m.onnx", 0.5, props=[("run", "1"), ("run", "2")])
+    with pytest.raises(ModelError, match="duplicate keys in metadata_props"):
+        inspect_model(twice)
+    _unchecked(monkeypatch)
+    data = bytearray(_retrained(MLP, tmp_path / "m.onnx", 0.5, doc="\u00e9t\u00e9").read_bytes())
+    at = data.index("\u00e9t\u00e9".encode())
+    data[at] = 0xFF  # not UTF-8 any more: the walk cannot vouch for it, the full path decides
+    (tmp_path / "m.onnx").write_bytes(bytes(data))
+    with pytest.raises((ModelError, AssertionError)):
+        inspect_model(tmp_path / "m.onnx")
+
+
+def test_the_check_cache_can_be_turned_off(tmp_path, fresh_cache, monkeypatch):
+    monkeypatch.setenv("GPUX_PACK_CHECK_CACHE", "0")
+    inspect_model(MLP)
+    assert not fresh_cache.exists()
