@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import re
 import socket
+import weakref
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
+from gpux_pack.engine import unix_socket
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import Devices, HostInfo
 from gpux_pack.reference import parse_reference
@@ -72,7 +74,7 @@ def connect() -> Any:
 
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
-        client = docker.from_env(timeout=600)
+        client = docker.from_env(timeout=600, version=unix_socket.api_version() or "auto")
         client.ping()
     except Exception as e:
         reason = short_error(e)
@@ -102,8 +104,21 @@ def short_error(e: BaseException) -> str:
 # host
 
 
+_HOSTS: "weakref.WeakKeyDictionary[Any, HostInfo]" = weakref.WeakKeyDictionary()  # asked once per client
+
+
 def host_info(client: Any, dev: Path = Path("/dev"), sys_drm: Path = Path("/sys/class/drm")) -> HostInfo:
-    """What the Docker host can give containers. /dev is only meaningful for a local engine."""
+    """What the Docker host can give containers. /dev is only meaningful for a local engine.
+    Asked once per client: the provider's choice and a baked warmup both want it."""
+    if dev == Path("/dev") and sys_drm == Path("/sys/class/drm") and client in _HOSTS:
+        return _HOSTS[client]
+    host = _host_info(client, dev, sys_drm)
+    if dev == Path("/dev") and sys_drm == Path("/sys/class/drm"):
+        _HOSTS[client] = host
+    return host
+
+
+def _host_info(client: Any, dev: Path, sys_drm: Path) -> HostInfo:
     try:
         info = client.info()
     except Exception as e:

@@ -50,3 +50,23 @@ def call(method: str, url: str, body: Any = None, headers: dict[str, str] | None
 def image_id(ref: str) -> str | None:
     status, body = call("GET", f"/images/{quote(ref, safe='')}/json")
     return json.loads(body).get("Id") if status == 200 else None
+
+
+def api_version() -> str | None:
+    """The engine's API version, from its cheap /_ping (the Docker SDK asks /version, which
+    the engine answers only after asking containerd and runc theirs: 10 ms); None when it is
+    not a local engine that answers."""
+    try:
+        conn = _Connection(socket_path(), 5)
+    except Unreachable:
+        return None
+    try:
+        conn.request("GET", "/_ping")
+        response = conn.getresponse()
+        response.read()
+        version = response.getheader("Api-Version")
+        return version if response.status == 200 and version else None
+    except OSError:
+        return None
+    finally:
+        conn.close()
