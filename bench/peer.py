@@ -2,6 +2,7 @@
 the same base image, in one run, the two sides interleaved.
 
     python bench/peer.py [--base-image IMG] [--rounds 3] [--requests 400] [--json bench/results-peer.json]
+        [--skip-serve] [--skip-builds]
 
 GPUX's side is its documented Dockerfile (docs/deployment: pip install gpux, COPY the model and
 gpux.yml, `gpux serve`) on the same offline Debian base as ours: nothing can be pulled or pip
@@ -19,7 +20,30 @@ float64 is the only float input both can serve from JSON; the graph casts it to 
                              8 Python threads
   idle memory                the server's VmRSS once it has answered
 
-The best round of each side is kept (the machine is shared). Removes what it made.
+The best round of each side is kept (the machine is shared). Build rows (skipped with
+--skip-builds; --skip-serve skips the rows above), each the median of --rounds interleaved
+rounds, ours / GPUX's with the docker CLI's default builder here (classic: the preinstalled
+client has no buildx) and with BuildKit (Debian's CLI, DOCKER_BUILDKIT=1):
+
+  rebuild, new weights + metadata
+                             every weight moved, a new doc_string, producer_version and
+                             metadata_props (a retraining run's model), written with gpux.yml
+                             into both projects anew; `gpux-pack build` against `docker build`
+                             of GPUX's Dockerfile, its `pip install` layer cached
+  rebuild, weights only      the same with the metadata kept (gpux-pack's replay answers it)
+  rebuild, new graph         an Identity node more (its output named anew each round)
+  rebuild, gpux.yml edit     gpux.yml's description changed, the model kept
+  cold build                 nothing of either image in the engine but the base: gpux-pack with a
+                             cache holding only wheels and locks and no runtime base image,
+                             against GPUX's Dockerfile built with --no-cache, `pip install`
+                             running in the build as its docs have it, from a wheelhouse in the
+                             context (nothing can be pulled here; pip and its cache on the host
+                             would be faster than what GPUX's users run)
+
+GPUX's image is two Dockerfiles: its `pip install` layer as one image, and the project's
+(`FROM` it: model, gpux.yml, WORKDIR, USER, EXPOSE, CMD), so the project's context is the
+project folder, as for a GPUX user whose `pip install` comes from PyPI (a context holding the
+wheelhouse would be sent again on every classic build: 2 to 4 s that no GPUX user pays).
 """
 
 from __future__ import annotations
@@ -44,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPUX_YML = """\
 name: tinycnn
 version: 1.0.0
+description: a small CNN
 model:
   source: ./model.onnx
 inputs:
@@ -55,16 +80,22 @@ outputs:
     type: float32
     shape: [1, 10]
 """
-GPUX_DOCKERFILE = """\
+GPUX_DEPS_DOCKERFILE = """\
 FROM {base}
-COPY site /opt/gpux-peer/site
+COPY wheels /tmp/wheels
+RUN python3 "$(ls /tmp/wheels/pip-*.whl)/pip" install -q --no-index --no-cache-dir --disable-pip-version-check \\
+    --find-links /tmp/wheels --target /opt/gpux-peer/site "gpux[serve]==0.1.1"
 ENV PYTHONPATH=/opt/gpux-peer/site
+"""
+GPUX_DOCKERFILE = """\
+FROM {deps}
 COPY model.onnx gpux.yml /app/
 WORKDIR /app
 USER 10001
 EXPOSE 8080
 CMD ["python3", "-c", "import sys; from gpux.cli.main import app; sys.argv[1:] = ['serve', 'tinycnn', '--port', '8080']; app()"]
 """
+DEPS_TAG = "gpux-peer-bench/gpux-deps:1"
 
 
 def tiny_cnn(path: Path) -> None:
@@ -96,22 +127,58 @@ def body() -> bytes:
     return json.dumps({"input": x.tolist()}).encode()
 
 
-def gpux_image(client, base: str, project: Path, work: Path, tag: str) -> None:
-    """GPUX's documented image, its packages installed on the host for the base's platform."""
-    context = work / "gpux-context"
-    context.mkdir()
-    subprocess.run([shutil.which("uv") or str(Path(sys.executable).parent / "uv"), "pip", "install", "-q", "--target",
-                    str(context / "site"), "--python-platform", "x86_64-manylinux_2_36", "--python-version", "3.11",
-                    "--only-binary", ":all:", "gpux[serve]==0.1.1"], check=True)
+def wheelhouse(folder: Path) -> None:
+    """gpux[serve]==0.1.1's wheels for the base's platform, and pip's own: what `pip install gpux`
+    would fetch from PyPI inside GPUX's build."""
+    platforms = [arg for glibc in ("2_36", "2_34", "2_28", "2_27", "2_17", "2_5") for arg in
+                 ("--platform", f"manylinux_{glibc}_x86_64")]  # pip does not widen one to the older ones
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--only-binary",
+                    ":all:", *platforms, "--python-version", "3.11", "-d", str(folder), "gpux[serve]==0.1.1", "pip"],
+                   check=True)
+
+
+def gpux_contexts(base: str, project: Path, work: Path) -> tuple[Path, Path]:
+    """GPUX's two contexts: its `pip install` (the wheelhouse) and its project (model, gpux.yml)."""
+    deps, app = work / "gpux-deps", work / "gpux-project"
+    deps.mkdir(parents=True)
+    app.mkdir(parents=True)
+    wheelhouse(deps / "wheels")
+    (deps / "Dockerfile").write_text(GPUX_DEPS_DOCKERFILE.format(base=base))
+    (app / "Dockerfile").write_text(GPUX_DOCKERFILE.format(deps=DEPS_TAG))
+    sync(project, app)
+    return deps, app
+
+
+def sync(project: Path, app: Path) -> None:
+    """What a retraining run or an edit leaves in GPUX's project: the same files, written anew."""
     for name in ("model.onnx", "gpux.yml"):
-        shutil.copy(project / name, context / name)
-    (context / "Dockerfile").write_text(GPUX_DOCKERFILE.format(base=base))
-    client.images.build(path=str(context), tag=tag, rm=True)
+        (app / name).write_bytes((project / name).read_bytes())
 
 
-def our_image(base: str, project: Path, tag: str) -> None:
+def docker_build(context: Path, tag: str, buildkit: bool, no_cache: bool = False) -> float:
+    """`docker build` through the docker CLI: the classic builder (the preinstalled client has no
+    buildx, so its default), or BuildKit through Debian's CLI."""
+    cli = "/usr/bin/docker" if buildkit else "docker"
+    command = [cli, "build", "-q", "-t", tag, *(["--no-cache"] if no_cache else []), str(context)]
+    started = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": str(int(buildkit))})
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(f"docker build failed:\n{proc.stderr[-2000:]}")
+    return seconds
+
+
+def gpux_image(deps: Path, app: Path, tag: str, buildkit: bool = False, no_cache: bool = False) -> float:
+    """GPUX's documented image: its `pip install` layer, then the project on it; the seconds."""
+    return docker_build(deps, DEPS_TAG, buildkit, no_cache) + docker_build(app, tag, buildkit, no_cache)
+
+
+def our_image(base: str, project: Path, tag: str, env: dict[str, str] | None = None) -> float:
+    started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "gpux_pack", "build", str(project), "--base-image", base, "--tag", tag,
-                    "-p", "cpu", "-q"], check=True, cwd=ROOT)
+                    "-p", "cpu", "-q"], check=True, cwd=ROOT, env={**os.environ, **(env or {})},
+                   stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
 
 
 def _post(conn: http.client.HTTPConnection, data: bytes) -> int:
@@ -182,15 +249,125 @@ def one_round(client, image: str, data: bytes, count: int) -> dict[str, float]:
         container.remove(force=True)
 
 
+def retrain(path: Path, step: int, metadata: bool = True, graph: bool = False) -> None:
+    """The model as a retraining run leaves it: every weight moved; with metadata, a new
+    doc_string, producer_version and metadata_props; with graph, an Identity node in front of
+    the dense layer, its output named anew (another graph every time)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(1e-6 * step), init.name))
+    if metadata:
+        model.doc_string, model.producer_name, model.producer_version = f"run {step}", "trainer", f"1.{step}"
+        del model.metadata_props[:]
+        entry = model.metadata_props.add()
+        entry.key, entry.value = "run", str(step)
+    if graph:
+        nodes = model.graph.node
+        for node in [n for n in nodes if n.op_type == "Identity"]:
+            for other in nodes:
+                other.input[:] = [node.input[0] if name == node.output[0] else name for name in other.input]
+            nodes.remove(node)
+        dense = next(n for n in nodes if n.op_type == "Gemm")
+        named = f"{dense.input[0]}_{step}"
+        nodes.insert(list(nodes).index(dense), helper.make_node("Identity", [dense.input[0]], [named]))
+        dense.input[0] = named
+    onnx.save(model, str(path))
+
+
+def edit_yml(path: Path, step: int) -> None:
+    text = path.read_text()
+    path.write_text(text[:text.index("description:")] + f"description: a small CNN, edit {step}\n"
+                    + text[text.index("\n", text.index("description:")) + 1:])
+
+
+REBUILDS = {  # row -> how the project changes before each build
+    "rebuild, new weights + metadata": lambda project, step: retrain(project / "model.onnx", step),
+    "rebuild, weights only": lambda project, step: retrain(project / "model.onnx", step, metadata=False),
+    "rebuild, new graph": lambda project, step: retrain(project / "model.onnx", step, graph=True),
+    "rebuild, gpux.yml edit": lambda project, step: edit_yml(project / "gpux.yml", step),
+}
+SIDES = ("ours", "gpux classic", "gpux BuildKit")
+
+
+def build_rows(client, base: str, project: Path, work: Path, rounds: int, tags: dict[str, str]) -> dict:
+    """Every build row: {row: {side: [seconds per round]}}, the sides interleaved."""
+    deps, app = gpux_contexts(base, project, work)
+    rows: dict[str, dict[str, list[float]]] = {}
+    step = int.from_bytes(os.urandom(2), "little")  # this run's models: none the builders cached in an earlier run
+
+    def one(side: str, change) -> float:
+        nonlocal step
+        step += 1
+        change(project, step)
+        sync(project, app)
+        if side == "ours":
+            return our_image(base, project, tags["ours"])
+        return docker_build(app, tags["gpux"], buildkit=side == "gpux BuildKit")
+
+    gpux_image(deps, app, tags["gpux"])  # the cached `pip install` layer, and the first build of each
+    our_image(base, project, tags["ours"])
+    for row, change in REBUILDS.items():
+        rows[row] = {side: [] for side in SIDES}
+        one("ours", change)  # the first build after another kind of change
+        for i in range(rounds):
+            for side in (SIDES if i % 2 == 0 else tuple(reversed(SIDES))):
+                rows[row][side].append(one(side, change))
+    rows["cold build"] = {side: [] for side in SIDES}
+    runtime = json.loads(subprocess.run([sys.executable, "-m", "gpux_pack", "build", str(project), "--base-image", base,
+                                         "--tag", tags["ours"], "-p", "cpu", "-q", "--json"], check=True, cwd=ROOT,
+                                        capture_output=True, text=True).stdout)["images"][0]["runtime_base"]
+    cache = Path(os.environ.get("GPUX_PACK_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpux-pack")
+    ours_only = set(client.images.get(runtime).attrs["RootFS"]["Layers"]) - set(
+        client.images.get(base).attrs["RootFS"]["Layers"])
+    for i in range(rounds):
+        for side in (SIDES if i % 2 == 0 else tuple(reversed(SIDES))):
+            if side == "ours":
+                _remove(client, tags["ours"], runtime)
+                holding = [image for image in client.images.list(all=True)
+                           if ours_only & set(image.attrs["RootFS"]["Layers"])]
+                _remove(client, *(image.id for image in holding if not image.tags))  # the rebuilds' earlier images
+                kept = [image.tags for image in holding if image.tags]
+                if kept:  # the engine would skip what they share: the cold build would be less than cold
+                    sys.exit(f"remove {kept} first: they hold layers of {runtime}")
+                fresh = Path(tempfile.mkdtemp(prefix="gpux-peer-cache-"))
+                try:
+                    for name in ("wheels", "locks"):  # what a first build of this lock on a machine has
+                        if (cache / name).is_dir():
+                            shutil.copytree(cache / name, fresh / name, copy_function=os.link)
+                    rows["cold build"][side].append(our_image(base, project, tags["ours"],
+                                                              {"GPUX_PACK_CACHE_DIR": str(fresh)}))
+                finally:
+                    shutil.rmtree(fresh, ignore_errors=True)
+            else:
+                _remove(client, tags["gpux"], DEPS_TAG)
+                rows["cold build"][side].append(gpux_image(deps, app, tags["gpux"], buildkit=side == "gpux BuildKit",
+                                                           no_cache=True))
+    return rows
+
+
+def _remove(client, *refs: str) -> None:
+    for ref in refs:
+        try:
+            client.images.remove(ref, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-image", default=os.environ.get("GPUX_TEST_BASE_IMAGE", "gpux-pack/debian-python:bookworm"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--skip-serve", action="store_true")
+    parser.add_argument("--skip-builds", action="store_true")
     args = parser.parse_args()
     client = docker.from_env()
     tags = {"gpux": "gpux-peer-bench/gpux:1", "ours": "gpux-peer-bench/ours:1"}
+    out: dict = json.loads(args.json.read_text()) if args.json and args.json.is_file() else {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         project = work / "project"
@@ -198,31 +375,46 @@ def main() -> None:
         tiny_cnn(project / "model.onnx")
         (project / "gpux.yml").write_text(GPUX_YML)
         try:
-            gpux_image(client, args.base_image, project, work, tags["gpux"])
-            our_image(args.base_image, project, tags["ours"])
-            data = body()
-            rounds: dict[str, list[dict[str, float]]] = {"gpux": [], "ours": []}
-            for i in range(args.rounds):
-                for side in (("gpux", "ours") if i % 2 == 0 else ("ours", "gpux")):
-                    rounds[side].append(one_round(client, tags[side], data, args.requests))
+            if not args.skip_builds:
+                builds = build_rows(client, args.base_image, project, work / "builds", args.rounds, tags)
+                medians = {row: {side: statistics.median(v) for side, v in sides.items()} for row, sides in builds.items()}
+                out["builds"] = {"rounds": builds, "medians": medians, "ratios": {
+                    row: {"vs classic": m["ours"] / m["gpux classic"], "vs BuildKit": m["ours"] / m["gpux BuildKit"]}
+                    for row, m in medians.items()}}
+            if not args.skip_serve:
+                deps, app = gpux_contexts(args.base_image, project, work / "serve")
+                gpux_image(deps, app, tags["gpux"])
+                our_image(args.base_image, project, tags["ours"])
+                data = body()
+                rounds: dict[str, list[dict[str, float]]] = {"gpux": [], "ours": []}
+                for i in range(args.rounds):
+                    for side in (("gpux", "ours") if i % 2 == 0 else ("ours", "gpux")):
+                        rounds[side].append(one_round(client, tags[side], data, args.requests))
+                best = {side: {"first_inference_s": min(r["first_inference_s"] for r in rs),
+                               "p50_ms": min(r["p50_ms"] for r in rs), "c8_req_s": max(r["c8_req_s"] for r in rs),
+                               "idle_rss_mb": min(r["idle_rss_mb"] for r in rs)} for side, rs in rounds.items()}
+                out.update(body_bytes=len(data), best=best, rounds=rounds,
+                           ratios={k: best["ours"][k] / best["gpux"][k] for k in best["gpux"]})
         finally:
-            for tag in tags.values():
-                try:
-                    client.images.remove(tag, force=True)
-                except docker.errors.ImageNotFound:
-                    pass
-    best = {side: {"first_inference_s": min(r["first_inference_s"] for r in rs),
-                   "p50_ms": min(r["p50_ms"] for r in rs), "c8_req_s": max(r["c8_req_s"] for r in rs),
-                   "idle_rss_mb": min(r["idle_rss_mb"] for r in rs)} for side, rs in rounds.items()}
-    ratios = {k: best["ours"][k] / best["gpux"][k] for k in best["gpux"]}
-    print(f"body {len(data)} bytes, {args.rounds} rounds, best of each side")
-    print("| row | GPUX 0.1.1 | gpux-pack | ours / GPUX |\n|---|---:|---:|---:|")
-    for key, label in (("first_inference_s", "start to first inference (s)"), ("p50_ms", "/predict p50, 1 client (ms)"),
-                       ("c8_req_s", "/predict req/s, 8 clients"), ("idle_rss_mb", "idle memory (MB)")):
-        print(f"| {label} | {best['gpux'][key]:.3f} | {best['ours'][key]:.3f} | {ratios[key]:.2f}x |")
+            _remove(client, *tags.values(), DEPS_TAG)
+            _remove(client, *(image.id for image in client.images.list(filters={"dangling": True})
+                              if image.labels.get("io.gpux.model.name") == "tinycnn"
+                              or image.attrs["Config"].get("WorkingDir") == "/app"))  # the rebuilds' earlier images
+    if "builds" in out:
+        print(f"builds: median of {args.rounds} interleaved rounds, seconds")
+        print("| row | GPUX classic | GPUX BuildKit | gpux-pack | vs classic | vs BuildKit |\n|---|---:|---:|---:|---:|---:|")
+        for row, m in out["builds"]["medians"].items():
+            r = out["builds"]["ratios"][row]
+            print(f"| {row} | {m['gpux classic']:.3f} | {m['gpux BuildKit']:.3f} | {m['ours']:.3f} "
+                  f"| {r['vs classic']:.2f}x | {r['vs BuildKit']:.2f}x |")
+    if "best" in out:
+        print(f"\nserving: body {out['body_bytes']} bytes, {args.rounds} rounds, best of each side")
+        print("| row | GPUX 0.1.1 | gpux-pack | ours / GPUX |\n|---|---:|---:|---:|")
+        for key, label in (("first_inference_s", "start to first inference (s)"), ("p50_ms", "/predict p50, 1 client (ms)"),
+                           ("c8_req_s", "/predict req/s, 8 clients"), ("idle_rss_mb", "idle memory (MB)")):
+            print(f"| {label} | {out['best']['gpux'][key]:.3f} | {out['best']['ours'][key]:.3f} | {out['ratios'][key]:.2f}x |")
     if args.json:
-        args.json.write_text(json.dumps({"body_bytes": len(data), "best": best, "ratios": ratios, "rounds": rounds},
-                                        indent=1) + "\n")
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
