@@ -464,6 +464,11 @@ class PackSection(_Section):
     tag: str | None = None
     requirements: list[str] = []
     warmup: Literal["auto", "always", "never"] = "auto"
+    shapes: Literal["graph", "declared"] = Field(
+        "graph", description="Whose sizes the image takes on a dimension the graph leaves dynamic: graph (any size, "
+        "as GPUX, whose docs write fixed shapes it never enforces: a size in gpux.yml is a note) or declared (a size "
+        "in gpux.yml narrows it to that size). A name in gpux.yml always replaces the graph's",
+    )
     weights: Literal["auto", "inline", "external"] = Field(
         "auto", description="How the image stores a model's large inline weights: external moves them to a data file "
         "beside the model, each at a page-aligned offset (ONNX Runtime maps them: it starts the model faster); "

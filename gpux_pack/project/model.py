@@ -342,7 +342,7 @@ def working_memory(proto: Any, initializers: set[str]) -> tuple[tuple[tuple[tupl
     for value in inferred.input:
         if value.name not in initializers:
             for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-                if dim.dim_param:
+                if dim.dim_param and dim.dim_param.isidentifier():  # `?` ties nothing (see _untied)
                     axes.setdefault(dim.dim_param, (value.name, axis))
     outside = {v.name for v in (*inferred.input, *inferred.output)} | initializers
     sizes = {}
@@ -549,6 +549,7 @@ def reconcile(project: Project, model: ModelInfo) -> Signature:
     cfg = project.config
     notes: list[str] = []
     declared: list[tuple[str, tuple[int | str, ...]]] = []
+    model = _untied(model, notes)
     text, served = text_step(project, model.inputs, notes)
     image, served_image = image_step(project, model.inputs, notes, {text.input} if text else set())
     audio, served_audio = audio_step(project, model.inputs, notes, {s.input for s in (text, image) if s})
@@ -566,6 +567,35 @@ def reconcile(project: Project, model: ModelInfo) -> Signature:
     outputs = _merge(project, "outputs", cfg.outputs, model.outputs, False, notes, [])
     outputs = tuple(_check_labels(project, index, t, notes) for index, t in enumerate(outputs))
     return Signature(inputs, outputs, overridable, tuple(declared), tuple(notes), text, image, audio)
+
+
+def _untied(model: ModelInfo, notes: list[str]) -> ModelInfo:
+    """A dimension the graph names with what is not an identifier (paddle2onnx's `?`, an
+    exporter's formula such as `floor(h/32)*2`) is a size of its own: ONNX Runtime ties no
+    symbolic dimensions together at run time, and a `?` in two places does not say they are the
+    same. Served as -1; identifiers (`batch`, `seq`) still tie what they name."""
+    def untie(t: TensorSpec) -> TensorSpec:
+        if not t.shape or not any(isinstance(d, str) and not d.isidentifier() for d in t.shape):
+            return t
+        return t.model_copy(update={"shape": tuple(-1 if isinstance(d, str) and not d.isidentifier() else d
+                                                   for d in t.shape)})
+
+    inputs, outputs = tuple(untie(t) for t in model.inputs), tuple(untie(t) for t in model.outputs)
+    changed = [t.name for t, u in zip((*model.inputs, *model.outputs), (*inputs, *outputs)) if t is not u]
+    if changed:
+        names = sorted({_dim_text(d) for t in (*model.inputs, *model.outputs) for d in (t.shape or ())
+                        if isinstance(d, str) and not d.isidentifier()})
+        shown = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+        tensors = ", ".join(changed[:4]) + (", ..." if len(changed) > 4 else "")
+        notes.append(f"the model names dimensions {shown} ({tensors}): not identifiers, so each takes any size of "
+                     "its own (-1)")
+    return replace(model, inputs=inputs, outputs=outputs)
+
+
+def _dim_text(dim: int | str, most: int = 32) -> str:
+    """A dimension as a note shows it: an exporter's shape formula can run to 400 characters."""
+    text = str(dim)
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def _not_applied(project: Project, text: TextStep | None, notes: list[str]) -> None:
@@ -670,20 +700,25 @@ def _merge_shape(
             where, f"rank {len(declared)} {list(declared)} does not match the model's rank {len(actual)} {list(actual)}"
         )
     merged: list[int | str] = []
+    narrow = project.config.pack.shapes == "declared"
     for i, (d, a) in enumerate(zip(declared, actual)):
+        shown = f"'{_dim_text(a)}'" if isinstance(a, str) else "-1"
         if isinstance(a, int) and a >= 0:
             if isinstance(d, int) and d >= 0 and d != a:
                 raise project.error(
                     (*where, i), f"dimension {i} is {d} but the model fixes it at {a}"
                 )
             merged.append(a)
+        elif isinstance(d, int) and d >= 0 and narrow:
+            merged.append(d)
+            notes.append(project.note((*where, i), f"{d}: the graph leaves it dynamic ({shown}); pack.shapes: declared "
+                                                    "narrows it, so the image takes only this size"))
         elif isinstance(d, int) and d >= 0:
             merged.append(a)
-            shown = f"'{a}'" if isinstance(a, str) else "-1"
             batch = " and batches requests" if i == 0 else ""
             notes.append(project.note((*where, i), f"{d}, where the graph's dimension is dynamic ({shown}): the graph "
-                                                    f"decides, so the image takes any size there{batch}; write -1 or "
-                                                    "a name to say so"))
-        else:
-            merged.append(a if isinstance(a, str) else d)
+                                                    f"decides, so the image takes any size there{batch} (pack.shapes: "
+                                                    "declared narrows it)"))
+        else:  # the file's own name (what it names alike is one size; other names untie the graph's), else the graph's
+            merged.append(d if isinstance(d, str) and d.isidentifier() else a)
     return tuple(merged)

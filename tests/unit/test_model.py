@@ -196,16 +196,53 @@ def test_the_graph_decides_a_dynamic_dimension_and_outputs_can_be_selected(tmp_p
     sig = reconcile(project, info)
     assert sig.inputs[0].shape == ("batch", 4) and sig.declared == (("features", (8, 4)),)
     assert [o.name for o in sig.outputs] == ["probs"] and sig.outputs[0].labels == ("a", "b", "c")
-    assert sig.notes == ("gpux.yml:5: inputs.features.shape[0]: 8, where the graph's dimension is dynamic ('batch'): "
-                         "the graph decides, so the image takes any size there and batches requests; write -1 or a "
-                         "name to say so",) or sig.notes[0].endswith("write -1 or a name to say so"), sig.notes
+    assert len(sig.notes) == 1 and sig.notes[0].endswith(
+        "gpux.yml:5: inputs.features.shape[0]: 8, where the graph's dimension is dynamic ('batch'): the graph decides, "
+        "so the image takes any size there and batches requests (pack.shapes: declared narrows it)"), sig.notes
 
 
-@pytest.mark.parametrize("shape", ["[-1, 4]", "[n, 4]", "[batch, 4]"])
-def test_a_dynamic_declaration_of_a_dynamic_dimension_is_no_note(tmp_path, shape):
+@pytest.mark.parametrize("shape, served", [("[-1, 4]", ("batch", 4)), ("[n, 4]", ("n", 4)), ("[batch, 4]", ("batch", 4))])
+def test_a_dynamic_declaration_of_a_dynamic_dimension_is_no_note(tmp_path, shape, served):
+    """The file's name replaces the graph's (names of its own untie what the graph ties); -1 is GPUX's
+    "dynamic": the graph's name stays."""
     project, info = _project(tmp_path, f"inputs:\n  features: {{shape: {shape}}}\n")
     sig = reconcile(project, info)
-    assert sig.inputs[0].shape == ("batch", 4) and sig.notes == () and sig.declared == ()
+    assert sig.inputs[0].shape == served and sig.notes == () and sig.declared == ()
+
+
+def test_pack_shapes_declared_narrows_a_dynamic_dimension(tmp_path):
+    project, info = _project(tmp_path, "inputs:\n  features: {shape: [8, 4]}\npack:\n  shapes: declared\n")
+    sig = reconcile(project, info)
+    assert sig.inputs[0].shape == (8, 4)
+    assert len(sig.notes) == 1 and sig.notes[0].endswith(
+        "gpux.yml:5: inputs.features.shape[0]: 8: the graph leaves it dynamic ('batch'); pack.shapes: declared "
+        "narrows it, so the image takes only this size"), sig.notes
+
+
+def _question_marks(path: Path) -> Path:
+    """What paddle2onnx writes: every unknown dimension named `?`, an output's a long formula."""
+    formula = "floor(" * 12 + "h" + "/2)" * 12
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["?", 3, "?", "?"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["?", 3, "?", formula])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_question_mark_dimensions_are_each_their_own_size(tmp_path):
+    """`?` is no identifier: ONNX Runtime runs [1, 3, 48, 192], so the image takes it too."""
+    _question_marks(tmp_path / "m.onnx")
+    (tmp_path / "gpux.yml").write_text("name: m\nversion: 1.0.0\nmodel:\n  source: ./m.onnx\n")
+    project = load_project(tmp_path)
+    sig = reconcile(project, inspect_model(project.model_path))
+    assert sig.inputs[0].shape == (-1, 3, -1, -1) and sig.outputs[0].shape == (-1, 3, -1, -1)
+    assert len(sig.notes) == 1 and "'?'" in sig.notes[0] and len(sig.notes[0]) < 200, sig.notes
+    (tmp_path / "gpux.yml").write_text("name: m\nversion: 1.0.0\nmodel:\n  source: ./m.onnx\n"
+                                       "inputs:\n  x: {shape: [1, 3, 48, 192]}\n")
+    project = load_project(tmp_path)
+    sig = reconcile(project, inspect_model(project.model_path))
+    assert sig.inputs[0].shape == (-1, 3, -1, -1) and all(len(n) < 250 for n in sig.notes), sig.notes
 
 
 def test_required_false_for_an_input_the_graph_needs_is_a_note_unless_strict(tmp_path):
