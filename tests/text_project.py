@@ -87,13 +87,14 @@ preprocessing:
 """
 
 
-def make(folder: Path, max_length: int = 16, sequence: int | str = "sequence", extra: str = "") -> Path:
+def make(folder: Path, max_length: int = 16, sequence: int | str = "sequence", extra: str = "",
+         batch: int | str = "batch") -> Path:
     """The project: gpux.yml (GPUX's top-level example's form, tokenizer named as on the Hub),
     model.onnx and tokenizer.json beside it (which the build takes before any download)."""
     import onnx
 
     folder.mkdir(parents=True, exist_ok=True)
-    onnx.save(model(sequence), str(folder / "model.onnx"))
+    onnx.save(model(sequence, batch), str(folder / "model.onnx"))
     tokenizer().save(str(folder / "tokenizer.json"))
     (folder / "gpux.yml").write_text(GPUX_YML.format(max_length=max_length) + extra)
     return folder

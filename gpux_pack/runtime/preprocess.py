@@ -75,9 +75,9 @@ class Text:
             raise RequestError(f"input '{self.input}' and {', '.join(sent)}: send the text or the token inputs, "
                                "not both")
         texts = _texts(self.input, value)
-        if self.batch is not None and len(texts) > self.batch:
+        if self.batch not in (None, 1) and len(texts) > self.batch:  # 1: run one by one (Model.prepare)
             raise RequestError(f"input '{self.input}': {len(texts)} texts, but the model takes {self.batch} per run "
-                               "(send a JSON array of requests, one text each)")
+                               "(send a JSON array of requests)")
         cap = self.max_length * CHARS_PER_TOKEN
         for i, text in enumerate(texts):
             if len(text) > cap:
@@ -217,7 +217,7 @@ class Image:
         if self.feed in feeds:
             raise RequestError(f"input '{self.input}' and '{self.feed}': send the image or the tensor, not both")
         items = _encoded(self.input, value)
-        if self.batch is not None and len(items) > self.batch:
+        if self.batch not in (None, 1) and len(items) > self.batch:  # 1: run one by one (Model.prepare)
             raise RequestError(f"input '{self.input}': {len(items)} images, but the model takes {self.batch} per run")
         arrays, boxes = [], []
         for i, data in enumerate(items):
@@ -389,7 +389,7 @@ class Audio:
         if self.feed in feeds:
             raise RequestError(f"input '{self.input}' and '{self.feed}': send the audio or the spectrogram, not both")
         items = _encoded(self.input, value)
-        if self.batch is not None and len(items) > self.batch:
+        if self.batch not in (None, 1) and len(items) > self.batch:  # 1: run one by one (Model.prepare)
             raise RequestError(f"input '{self.input}': {len(items)} clips, but the model takes {self.batch} per run")
         mels = []
         for i, data in enumerate(items):
@@ -534,6 +534,13 @@ class Steps:
         """The graph's inputs a step feeds: a request may send them instead."""
         out = {name for _, name, _ in self.text.feeds} if self.text else set()
         return out | {step.feed for step in (self.image, self.audio) if step}
+
+    @property
+    def one_per_run(self) -> set[str]:
+        """The graph's inputs a step feeds whose model takes one item per run (a fixed batch of 1):
+        several items in one request are run one by one (Model.prepare)."""
+        out = {name for _, name, _ in self.text.feeds} if self.text and self.text.batch == 1 else set()
+        return out | {step.feed for step in (self.image, self.audio) if step and step.batch == 1}
 
     def apply(self, feeds: dict[str, Any], charge: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
         extra: dict[str, Any] = {}

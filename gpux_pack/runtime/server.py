@@ -27,7 +27,7 @@ from .budget import Budget, Charge, trim, tune_malloc
 from .resources import INLINE_BYTES, INLINE_DECODE, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from . import warmup
-from .session import Model
+from .session import Items, Model
 from .warmup import AccuracyError
 from .tensors import (JSON_FACTOR, WHOLE_PARSE, labelled, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
                       encode_predict, hole_inputs, numeric_body, parse_json, plain_numbers, to_json)
@@ -316,7 +316,7 @@ class App:
             needed = self.budget.hold(needed)
             self.budget.release(held)
             held = needed
-            if isinstance(feeds, list):  # GPUX's batch form: each item a run (batched when batching is on)
+            if isinstance(feeds, list) and not isinstance(feeds, Items):  # GPUX's batch form: each item a run
                 response = await self._predict_each(feeds, held)
                 held = 0  # released once the answer is sent
                 return response
@@ -365,6 +365,17 @@ class App:
             answers = [labelled(a, self.model.labels) for a in answers]
         parts = await asyncio.get_running_loop().run_in_executor(self.codec, _encode_each, answers)
         return Response(200, parts, held=held)
+
+    async def _run_items(self, items: Items, names: list[str] | None) -> dict[str, Any]:
+        """Each item's run (batched when batching is on), the outputs joined along the first
+        dimension as the model's own batch would answer them; the first failing item's error."""
+        answers = await asyncio.gather(*(self.run(one, names) for one in items), return_exceptions=True)
+        for i, answer in enumerate(answers):
+            if isinstance(answer, RequestError):
+                raise RequestError(f"item [{i}]: {answer}", answer.status, refused=answer.refused) from None
+            if isinstance(answer, BaseException):
+                raise answer
+        return {name: _joined([a[name] for a in answers]) for name in answers[0]}
 
     def count_refusal(self, e: RequestError) -> None:
         """gpux_refused_total, once per refused request (HTTP and gRPC alike)."""
@@ -483,6 +494,8 @@ class App:
         return feeds, request, self.budget.request_bytes(feeds, request, v2)
 
     async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
+        if isinstance(feeds, Items):
+            return await self._run_items(feeds, names)
         if self.inline_run and not self.scheduler.closed and \
                 sum(getattr(a, "nbytes", 0) for a in feeds.values()) <= self.inline_run:
             started = time.perf_counter()  # a run cheaper than the hand-offs to a worker and back: here
@@ -513,6 +526,17 @@ def _rejected(e: Exception) -> Exception:
     if type(e).__name__ in ("InvalidArgument", "InvalidGraph", "Fail"):
         return RequestError(f"the model rejected the inputs: {text}")
     return e
+
+
+def _joined(values: list[Any]) -> Any:
+    """The items' values of one output, as one batch: arrays joined along their first dimension;
+    rows of other lengths past it (each text padded to its own) or a sequence output's values,
+    listed row by row."""
+    if all(isinstance(v, np.ndarray) and v.ndim and v.shape[1:] == values[0].shape[1:] and v.dtype == values[0].dtype
+           for v in values):
+        return np.concatenate(values)
+    return [row for value in values
+            for row in (list(value) if isinstance(value, (list, np.ndarray)) and np.ndim(value) else [value])]
 
 
 def _batchable(inputs: list[ServedTensor], outputs: list[ServedTensor]) -> bool:

@@ -24,7 +24,7 @@ from . import caches, model_check
 from .devices import cpu_vendor, no_device
 from .dtypes import BINARY_ONLY
 from .settings import Settings, StartupError
-from .tensors import ServedTensor
+from .tensors import RequestError, ServedTensor
 
 log = logging.getLogger("gpux")
 
@@ -49,6 +49,11 @@ class ProfileFolder:
         except OSError as e:  # no writable temporary folder: served all the same, the partition unknown
             log.warning("warmup cannot profile the session (%s)", e)
             return None
+
+
+class Items(list):
+    """One request's items for a model that takes one per run (Steps.split): run one by one,
+    answered as one batch, each output's rows in the items' order."""
 
 
 @dataclass
@@ -183,12 +188,23 @@ class Model:
     def prepare(self, feeds: Any, charge: Any = None) -> tuple[Any, dict[str, Any]]:
         """A decoded request (or GPUX's array of them) as the graph takes it, text tokenized and
         images decoded, and what /predict answers beside the outputs (a letterbox's geometry).
+        Several texts or images for a model that takes one per run: Items, one run each.
         charge(n): bytes a step holds while it works (decoded pixels)."""
         if self.steps is None:
             return feeds, {}
         if isinstance(feeds, list):
             return [self.steps.apply(one, charge)[0] for one in feeds], {}
-        return self.steps.apply(feeds, charge)
+        feeds, extra = self.steps.apply(feeds, charge)
+        rows = max((len(feeds[name]) for name in self.steps.one_per_run if name in feeds), default=1)
+        if rows == 1:
+            return feeds, extra
+        if rows > self.settings.max_queue:
+            raise RequestError(f"{rows} items in one request for a model that takes one per run; this server runs "
+                               f"at most {self.settings.max_queue} at once (GPUX_MAX_QUEUE)", 413)
+        if not all(isinstance(a, np.ndarray) and a.ndim and len(a) == rows for a in feeds.values()):
+            raise RequestError(f"{rows} items, but the model takes one per run and the request's other inputs are "
+                               "not one row per item; send a JSON array of requests")
+        return Items({name: a[i:i + 1] for name, a in feeds.items()} for i in range(rows)), extra
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None,
             options: Any = None) -> dict[str, Any]:

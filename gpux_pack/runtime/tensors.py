@@ -450,6 +450,8 @@ def decode_predict(
         spec = by_name[name]
         what = f"input '{name}'"
         arr = to_array(spec, value, what, fast)
+        if arr.ndim == 0 and spec.shape is not None and tuple(spec.shape) == (1,):
+            arr = arr.reshape(1)  # GPUX's {"text": "I love this product!"} for an input of shape [1]
         check_shape(spec, arr, what, dims)
         feeds[name] = arr
     return feeds

@@ -98,6 +98,48 @@ def test_token_ids_fed_equal_the_tokenizers_library_s_own(served):
         assert "labels" not in answer  # a tensor protocol: labels are /predict's
 
 
+def test_a_list_of_texts_on_a_model_of_batch_1_is_run_text_by_text(tmp_path, served):
+    """GPUX's clients send several texts at once; a graph that takes one per run answers them as
+    its batch would, over /predict, v2 JSON and gRPC (issue 42)."""
+    one = _client(_image_folder(tmp_path, text_project.make(tmp_path / "p", batch=1)))
+    status, answer, _ = one.request("POST", "/predict", {"text": TEXTS})
+    assert status == 200, answer
+    status, batched, _ = served.request("POST", "/predict", {"text": TEXTS})
+    assert answer["logits"] == batched["logits"] and answer["predicted"] == batched["predicted"]
+    assert answer["input_ids_seen"] == batched["input_ids_seen"]  # tokenized together, padded alike
+    status, v2, _ = one.request("POST", "/v2/models/sentiment/infer", {"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [3], "data": TEXTS}]})
+    logits = {o["name"]: o for o in v2["outputs"]}["logits"]
+    assert status == 200 and logits["shape"] == [3, 2], v2
+    status, answer, _ = one.request("POST", "/predict", {"text": TEXTS[:1] * 1000})
+    assert status == 413 and "GPUX_MAX_QUEUE" in answer["error"], answer
+    status, answer, _ = one.request("POST", "/predict", [{"text": t} for t in TEXTS])  # GPUX's array form as before
+    assert status == 200 and [a["predicted"][0] for a in answer] == batched["predicted"], answer
+
+
+def test_a_scalar_for_an_input_of_shape_1(tmp_path):
+    """GPUX's top-level README: {"text": "I love this product!"} for `text: {type: string, shape: [1]}`."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    project = tmp_path / "p"
+    project.mkdir()
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["text"], ["echo"]), helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, [1]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("echo", TensorProto.STRING, [1]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(project / "model.onnx"))
+    (project / "gpux.yml").write_text("name: echo\nversion: 1.0.0\nmodel:\n  source: ./model.onnx\ninputs:\n"
+                                      "  text: {type: string, shape: [1]}\n  x: {type: float32, shape: [1]}\n")
+    client = _client(_image_folder(tmp_path, project))
+    status, answer, _ = client.request("POST", "/predict", {"text": "I love this product!", "x": 2.5})
+    assert status == 200 and answer == {"echo": ["I love this product!"], "y": [2.5]}, answer
+    status, answer, _ = client.request("POST", "/predict", {"text": ["I love this product!"], "x": [2.5]})
+    assert status == 200 and answer["y"] == [2.5]
+
+
 def test_the_model_s_own_token_inputs_still_work(served):
     want = text_project.expected(TEXTS[:1], None, 16)
     status, answer, _ = served.request("POST", "/predict", {k: v.tolist() for k, v in want.items()})
