@@ -115,6 +115,16 @@ def test_a_list_of_texts_on_a_model_of_batch_1_is_run_text_by_text(tmp_path, ser
     assert status == 413 and "GPUX_MAX_QUEUE" in answer["error"], answer
     status, answer, _ = one.request("POST", "/predict", [{"text": t} for t in TEXTS])  # GPUX's array form as before
     assert status == 200 and [a["predicted"][0] for a in answer] == batched["predicted"], answer
+    from gpux_pack.runtime import grpc_v2
+    from tests.in_process import grpc_calls
+
+    m = grpc_v2.message_classes()
+    request = m["ModelInferRequest"](model_name="sentiment")
+    request.inputs.add(name="text", datatype="BYTES", shape=[3]).contents.bytes_contents.extend(t.encode() for t in TEXTS)
+    (code, raw), = grpc_calls(one.app, [("ModelInfer", request.SerializeToString())])
+    assert code == "OK", raw
+    logits = next(o for o in m["ModelInferResponse"].FromString(raw).outputs if o.name == "logits")
+    assert list(logits.shape) == [3, 2]
 
 
 def test_a_scalar_for_an_input_of_shape_1(tmp_path):
