@@ -159,6 +159,18 @@ def _ready_latencies(server, stop: threading.Event) -> list[float]:
     return seen
 
 
+def test_the_iris_example_classifies_the_iris_data(mlp_image):
+    """examples/mlp is trained (examples/make_models.py): the image names the species of at least
+    95% of the 150 flowers, and the README's first request, the first setosa, is a setosa."""
+    rows = [line.split(",") for line in (EXAMPLES / "mlp" / "iris.csv").read_text().splitlines()[1:]]
+    with serve(mlp_image["tag"]) as server:
+        answer = server.post("/predict", json={"features": [[float(v) for v in r[:4]] for r in rows]}).json()
+        first = server.post("/predict", json={"features": [[5.1, 3.5, 1.4, 0.2]]}).json()
+    right = sum(p["label"] == r[4] for p, r in zip(answer["predicted"], rows))
+    assert len(answer["predicted"]) == 150 and right / 150 >= 0.95, right
+    assert first["predicted"][0]["label"] == "setosa" and first["predicted"][0]["score"] > 0.9, first
+
+
 def test_a_60_mb_request_neither_stalls_readiness_nor_kills_a_256m_container(mlp_image):
     rows = 60 * 1024 * 1024 // (4 * 4)
     body = np.ones((rows, 4), np.float32).tobytes()
