@@ -50,6 +50,9 @@ def test_published_gpux_forms_build_and_serve_gpux_answers(entry, tmp_path, tags
         assert set(answer.json()) - {"labels", "predicted"} == {o["name"] for o in entry["outputs"]}, answer.text
         batch = server.post("/predict", json=[_request(entry), _request(entry)])
         assert batch.status_code == 200 and batch.json() == [answer.json()] * 2
+        if all(i["type"] == "string" and i["shape"] == [1] for i in entry["inputs"]):  # GPUX's README request
+            readme = server.post("/predict", json={i["name"]: "I love this product!" for i in entry["inputs"]})
+            assert readme.status_code == 200 and set(readme.json()) == set(answer.json()), readme.text
 
 
 def test_docs_render_in_a_headless_browser_from_a_read_only_container(mlp_image, tmp_path):
