@@ -81,13 +81,70 @@ def mlp() -> None:
     print(f"examples/mlp: trained on {len(y)} flowers ({', '.join(species)}): {accuracy:.1%} classified right")
 
 
-def text_classifier() -> None:
-    """input_ids, attention_mask [batch, seq] int64 -> embedding, masked mean, Linear -> logits [batch, 2]."""
+POSITIVE = ["love", "like", "enjoy", "recommend"], ["great", "excellent", "wonderful", "amazing", "good", "fantastic"]
+NEGATIVE = ["hate", "dislike", "regret", "return"], ["bad", "terrible", "awful", "poor", "boring", "disappointing"]
+THINGS = ["product", "movie", "book", "phone", "service", "food", "game", "song", "hotel", "app"]
+
+
+def reviews() -> list[tuple[str, int]]:
+    """Short reviews made from templates (1 positive, 0 negative): the text example's corpus."""
+    out = []
+    for label, (verbs, words) in ((1, POSITIVE), (0, NEGATIVE)):
+        for thing in THINGS:
+            out += [(f"I {verb} this {thing}!", label) for verb in verbs]
+            out += [(f"This {thing} is {word}.", label) for word in words]
+            out += [(f"What a {word} {thing}", label) for word in words]
+    return out
+
+
+def text_tokenizer():
+    """A WordPiece tokenizer trained on the corpus (BERT's normalizer and special tokens, [PAD] 0)."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers.models import WordPiece
+
+    tok = Tokenizer(WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator([text for text, _ in reviews()], trainers.WordPieceTrainer(
+        vocab_size=1000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    return tok
+
+
+def train_text(tok, vocab: int = 1000, dim: int = 32, steps: int = 400, rate: float = 2.0) -> list[np.ndarray]:
+    """The embedding, dense weights and bias, fitted to the corpus by full-batch gradient descent
+    on the cross-entropy of the masked mean of the token embeddings (fixed seed; NumPy only)."""
+    texts, labels = zip(*reviews())
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    encodings = tok.encode_batch(list(texts))
+    ids = np.array([e.ids for e in encodings])
+    mask = np.array([e.attention_mask for e in encodings], np.float64)
+    onehot = np.eye(2)[list(labels)]
     rng = np.random.default_rng(11)
-    vocab, dim = 1000, 32
-    emb = rng.normal(0, 0.3, (vocab, dim)).astype(np.float32)
-    w = rng.normal(0, 0.3, (dim, 2)).astype(np.float32)
-    b = np.array([0.05, -0.05], dtype=np.float32)
+    emb, w, b = rng.normal(0, 0.1, (vocab, dim)), rng.normal(0, 0.1, (dim, 2)), np.zeros(2)
+    count = mask.sum(axis=1, keepdims=True)
+    for _ in range(steps):
+        pooled = (emb[ids] * mask[..., None]).sum(axis=1) / count
+        logits = pooled @ w + b
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        grad = (p - onehot) / len(ids)
+        d_pooled = grad @ w.T
+        w -= rate * (pooled.T @ grad)
+        b -= rate * grad.sum(axis=0)
+        d_tok = (d_pooled / count)[:, None, :] * mask[..., None]
+        np.add.at(emb, ids, -rate * d_tok)
+    return [emb.astype(np.float32), w.astype(np.float32), b.astype(np.float32)]
+
+
+def text_classifier() -> None:
+    """input_ids, attention_mask [batch, seq] int64 -> embedding, masked mean, Linear -> logits
+    [batch, 2]: trained on reviews(), with the tokenizer trained on them (tokenizer.json beside)."""
+    tok = text_tokenizer()
+    tok.save(str(HERE / "text-classifier" / "tokenizer.json"))
+    emb, w, b = train_text(tok)
     nodes = [
         helper.make_node("Gather", ["embedding", "input_ids"], ["tok"]),            # [b, s, d]
         helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
@@ -115,6 +172,14 @@ def text_classifier() -> None:
         inits,
     )
     save(graph, HERE / "text-classifier" / "model.onnx")
+    texts, labels = zip(*reviews())
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    enc = tok.encode_batch(list(texts))
+    ids, mask = np.array([e.ids for e in enc]), np.array([e.attention_mask for e in enc], np.float32)
+    pooled = (emb[ids] * mask[..., None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
+    right = float(((pooled @ w + b).argmax(axis=1) == np.array(labels)).mean())
+    print(f"examples/text-classifier: trained on {len(texts)} reviews, a {tok.get_vocab_size()}-token vocabulary: "
+          f"{right:.1%} classified right")
 
 
 def strings() -> None:

@@ -31,6 +31,10 @@ def spec_dir(tmp_path: Path, example: str, provider: str = "cpu", warmup: str | 
     (tmp_path / "model").mkdir()
     for name in loaded.model.files:
         shutil.copy(loaded.model.path.parent / name, tmp_path / "model" / name)
+    if plan.assets:  # a tokenizer
+        (tmp_path / "assets").mkdir()
+        for name, path in plan.assets:
+            shutil.copy(path, tmp_path / "assets" / name)
     (tmp_path / "gpux.json").write_text(json.dumps(spec))
     return tmp_path
 

@@ -171,6 +171,19 @@ def test_the_iris_example_classifies_the_iris_data(mlp_image):
     assert first["predicted"][0]["label"] == "setosa" and first["predicted"][0]["score"] > 0.9, first
 
 
+def test_the_text_example_tells_praise_from_complaint(text_image):
+    """examples/text-classifier is trained with its tokenizer (examples/make_models.py): reviews it
+    never saw, sent as GPUX's README sends text, one and several at once."""
+    reviews = {"I love this product!": "positive", "A wonderful book, I enjoy it": "positive",
+               "The service was excellent": "positive", "awful food, I regret it": "negative",
+               "The hotel was disappointing": "negative", "boring game": "negative"}
+    with serve(text_image["tag"], port=9000) as server:
+        one = server.post("/predict", json={"text": "I love this product!"}).json()
+        many = server.post("/predict", json={"text": list(reviews)}).json()
+    assert one["predicted"][0]["label"] == "positive", one
+    assert [p["label"] for p in many["predicted"]] == list(reviews.values()), many
+
+
 def test_a_60_mb_request_neither_stalls_readiness_nor_kills_a_256m_container(mlp_image):
     rows = 60 * 1024 * 1024 // (4 * 4)
     body = np.ones((rows, 4), np.float32).tobytes()
@@ -413,7 +426,8 @@ def test_tritonclient_grpc_equals_onnxruntime(example, grpc_images):
         name = json.loads(server.get("/info").content)["name"]
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(name)
         meta = client.get_model_metadata(name, as_json=True)
-        assert [i["name"] for i in meta["inputs"]] == list(feeds)
+        listed = [i["name"] for i in meta["inputs"]]  # the text example lists its text first, then its token inputs
+        assert listed[-len(feeds):] == list(feeds) and len(listed) == len(feeds) + (example == "text-classifier")
         inputs = _inputs(tgrpc, feeds)
         result = client.infer(name, inputs, request_id="g-1")
         assert result.get_response().id == "g-1"
