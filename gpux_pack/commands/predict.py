@@ -26,12 +26,15 @@ from gpux_pack.engine import image_labels
 from gpux_pack.errors import PackError, UsageError
 from gpux_pack.runtime.dtypes import BINARY_ONLY, DTYPES, V2_TO_NAME
 from gpux_pack.runtime.tensors import (RequestError, ServedTensor, bf16_to_float32, check_shape, float32_to_bf16,
-                                       from_binary, to_array, to_binary)
+                                       from_binary, labelled, to_array, to_binary)
 from gpux_pack.runtime.warmup import generated_inputs
 from gpux_pack.runtime.v2 import split_binary
 from gpux_pack.ui import Reporter
 
 MAX_RESPONSE_BYTES = 1 << 31  # what one answer may hold before it is refused (2 GiB)
+MEDIA = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".wav"})  # name=FILE as its bytes
+MAX_MEDIA_BYTES = 64 << 20  # an image's default request body limit (GPUX_MAX_BODY_BYTES)
+ANSWERED_BESIDE = ("labels", "predicted", "letterbox")  # what /predict answers beside the outputs: JSON only
 
 
 class PredictError(PackError):
@@ -64,6 +67,11 @@ def read_inputs(items: list[str]) -> list[Given]:
         path = Path(file)
         if sep and not name:
             raise UsageError(f"{what}: expected NAME=VALUES")
+        if path.suffix.lower() in MEDIA:  # an image or a WAV file for the model's preprocessing, as it is
+            if not name:
+                raise UsageError(f"{what}: write NAME={file} (the input the image or audio is for)")
+            given.append(Given(name, _media(path, what), what))
+            continue
         if path.suffix.lower() not in (".npy", ".json"):
             if sep:
                 given += _inline(file, name, what)  # name=[[1, 2]]: inline JSON values
@@ -88,6 +96,18 @@ def read_inputs(items: list[str]) -> list[Given]:
         else:
             raise UsageError(f"{what}: a JSON file without NAME= must hold an object of input names to values")
     return _once(given)
+
+
+def _media(path: Path, what: str) -> bytes:
+    """A media file's bytes, as a request would carry them (at most MAX_MEDIA_BYTES)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_MEDIA_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"{what}: {e.strerror or e}") from None
+    if len(data) > MAX_MEDIA_BYTES:
+        raise UsageError(f"{what}: larger than {MAX_MEDIA_BYTES} bytes, an image's request body limit")
+    return data
 
 
 def _inline(text: str, name: str, what: str) -> list[Given]:
@@ -146,6 +166,11 @@ def _array(spec: ServedTensor, value: Any, what: str) -> np.ndarray:
         except (ValueError, TypeError):
             raise RequestError(f"{what}: expected numbers for the {spec.datatype} input '{spec.name}'") from None
         return float32_to_bf16(floats)
+    if isinstance(value, bytes):  # a media file for a preprocessing step's input
+        if spec.dtype != "string":
+            raise RequestError(f"{what}: '{spec.name}' takes {spec.dtype} values, not a file's bytes (the model "
+                               "preprocesses no image or audio there)")
+        return np.array([value], dtype=object)
     if not isinstance(value, np.ndarray):
         return to_array(spec, value, what)
     if spec.dtype == "string":
@@ -178,13 +203,25 @@ def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -
     with _loaded(path, flag, ui) as (model, _):
         arrays = feeds(model.inputs, given)
         try:
-            arrays, _ = model.prepare(arrays)  # text tokenized, images decoded, as the image does
+            arrays, extra = model.prepare(arrays)  # text tokenized, images decoded, as the image does
         except RequestError as e:
             raise PredictError(str(e)) from None
         try:
-            return readable(model.run(arrays), model.outputs)
+            outputs = readable(_run(model, arrays), model.outputs)
         except Exception as e:  # ONNX Runtime's own refusal of the values (an index out of range, ...)
             raise PredictError(f"the model refused the inputs: {' '.join(str(e).split())[:300]}") from None
+        # as /predict answers: gpux.yml's labels and each row's top one, a letterbox's geometry
+        return {**(labelled(outputs, model.labels) if model.labels else outputs), **extra}
+
+
+def _run(model: Any, arrays: Any) -> dict[str, Any]:
+    """One run, or one per item where the model takes one per run (Items), joined as one batch."""
+    from gpux_pack.runtime.session import Items
+
+    if not isinstance(arrays, Items):
+        return model.run(arrays)
+    answers = [model.run(one) for one in arrays]
+    return {name: np.concatenate([a[name] for a in answers]) for name in answers[0]}
 
 
 STATISTICS = ("mean", "std", "min", "max", "median", "p95", "p99")  # GPUX's `run --benchmark`, in ms
@@ -355,6 +392,8 @@ def save(outputs: dict[str, Any], output: Path | None) -> list[Path]:
         output.mkdir(parents=True, exist_ok=True)
         written = []
         for name, value in outputs.items():
+            if name in ANSWERED_BESIDE and not isinstance(value, np.ndarray):
+                continue  # labels, top labels, a letterbox's geometry: not tensors (--output FILE.json has them)
             safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".") or "output"
             target = output / f"{safe}.npy"
             arr = np.asarray(value)

@@ -317,7 +317,7 @@ class App:
             self.budget.release(held)
             held = needed
             if isinstance(feeds, list) and not isinstance(feeds, Items):  # GPUX's batch form: each item a run
-                response = await self._predict_each(feeds, held)
+                response = await self._predict_each(feeds, held, request.extra.get("each") or [])
                 held = 0  # released once the answer is sent
                 return response
             outputs = await self.run(feeds, request.outputs)
@@ -352,9 +352,11 @@ class App:
         finally:
             self.budget.release(held)
 
-    async def _predict_each(self, feeds: list[dict[str, np.ndarray]], held: int) -> Response:
-        """Run every item of a /predict array at once; the answers in the same order, or the first
-        item's error, naming it. Waits for every run, so what they hold is released after them."""
+    async def _predict_each(self, feeds: list[dict[str, np.ndarray]], held: int,
+                            extras: list[dict[str, Any]]) -> Response:
+        """Run every item of a /predict array at once; the answers in the same order (each with
+        what its preprocessing answers beside: a letterbox's geometry), or the first item's error,
+        naming it. Waits for every run, so what they hold is released after them."""
         answers = await asyncio.gather(*(self.run(one, None) for one in feeds), return_exceptions=True)
         for i, answer in enumerate(answers):
             if isinstance(answer, RequestError):
@@ -363,6 +365,8 @@ class App:
                 raise answer
         if self.model.labels:
             answers = [labelled(a, self.model.labels) for a in answers]
+        if extras:
+            answers = [{**a, **extra} for a, extra in zip(answers, extras)]
         parts = await asyncio.get_running_loop().run_in_executor(self.codec, _encode_each, answers)
         return Response(200, parts, held=held)
 

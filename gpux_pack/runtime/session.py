@@ -192,8 +192,10 @@ class Model:
         charge(n): bytes a step holds while it works (decoded pixels)."""
         if self.steps is None:
             return feeds, {}
-        if isinstance(feeds, list):
-            return [self.steps.apply(one, charge)[0] for one in feeds], {}
+        if isinstance(feeds, list):  # GPUX's array of requests: what each answers beside its outputs, in "each"
+            applied = [self.steps.apply(one, charge) for one in feeds]
+            each = [extra for _, extra in applied]
+            return [one for one, _ in applied], ({"each": each} if any(each) else {})
         feeds, extra = self.steps.apply(feeds, charge)
         rows = max((len(feeds[name]) for name in self.steps.one_per_run if name in feeds), default=1)
         if rows == 1:

@@ -552,3 +552,26 @@ def test_init_lists_a_sequence_output_without_a_type(tmp_path):
     assert written["outputs"] == {"y": {"type": "float32", "shape": [-1, 2]}, "s": {}}
     loaded = build.load(tmp_path)
     assert [t.name for t in loaded.project.config.outputs] == ["y", "s"]
+
+
+def test_predict_path_answers_as_predict_does_labels_and_a_picture_by_path(tmp_path, mlp_inputs):
+    """GPUX's labels and each row's top one, as /predict answers; an image given as its file
+    (`--input image=cat.png`), decoded by the model's preprocessing, its letterbox's geometry too."""
+    from tests import image_project
+
+    project = copy_example("mlp", tmp_path)
+    answer = predict_line(run_cli("predict", str(project), "-i", f"features={tmp_path / 'x.npy'}", cwd=ROOT))
+    assert answer["labels"] == ["setosa", "versicolor", "virginica"] and len(answer["predicted"]) == 2
+    out_dir = tmp_path / "out"
+    proc = run_cli("predict", str(project), "-i", f"features={tmp_path / 'x.npy'}", "-o", str(out_dir), cwd=ROOT)
+    assert proc.returncode == 0 and sorted(p.name for p in out_dir.iterdir()) == ["logits.npy", "probs.npy"]
+
+    pictures = image_project.make(tmp_path / "pictures", preprocessing="  resize: [32, 32]\n  normalize: none\n"
+                                                                         "  letterbox: true")
+    (tmp_path / "cat.png").write_bytes(image_project.picture(width=64, height=40))
+    answer = predict_line(run_cli("predict", str(pictures), "-i", f"image={tmp_path / 'cat.png'}", cwd=ROOT))
+    expected = image_project.reference((tmp_path / "cat.png").read_bytes(), normalize=False, letterbox=True)
+    np.testing.assert_allclose(np.array(answer["seen"], np.float32), expected, atol=1e-5, rtol=0)
+    assert answer["letterbox"] == [{"scale": 0.5, "offset": [0, 6], "size": [64, 40]}]
+    one_error_line(run_cli("predict", str(project), "-i", f"features={tmp_path / 'cat.png'}", cwd=ROOT), "features")
+    one_error_line(run_cli("predict", str(pictures), "-i", str(tmp_path / "cat.png"), cwd=ROOT), "NAME=")

@@ -37,7 +37,7 @@ def test_inputs_as_gpux_run_takes_them(tmp_path, form):
     proc = run_cli("predict", str(MLP), *args, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
-    assert set(answer) == {"logits", "probs"} and abs(sum(answer["probs"][0]) - 1) < 1e-5
+    assert set(answer) == {"logits", "probs", "labels", "predicted"} and abs(sum(answer["probs"][0]) - 1) < 1e-5
 
 
 def test_inputs_that_are_neither_files_nor_json_are_one_line(tmp_path):

@@ -367,6 +367,12 @@ def test_letterbox_keeps_the_aspect_and_reports_the_geometry(tmp_path):
     np.testing.assert_allclose(np.array(answer["seen"], np.float32), reference(data, normalize=False, letterbox=True),
                                atol=1e-5, rtol=0)
     assert answer["letterbox"] == [{"scale": 0.5, "offset": [0, 6], "size": [64, 40]}]
+    # GPUX's array of requests: each answer with its own image's geometry
+    tall = picture(width=20, height=40)
+    status, answers, _ = client.request("POST", "/predict", [{"image": _b64(data)}, {"image": _b64(tall)}])
+    assert status == 200, answers
+    assert [a["letterbox"] for a in answers] == [[{"scale": 0.5, "offset": [0, 6], "size": [64, 40]}],
+                                                 [{"scale": 0.8, "offset": [8, 0], "size": [20, 40]}]], answers
 
 
 def test_resize_then_centre_crop_and_an_nhwc_graph(tmp_path):
