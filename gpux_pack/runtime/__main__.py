@@ -94,6 +94,8 @@ def _command(command: str, args) -> int:
     try:
         settings = Settings.load()
         _logging(settings)
+        for line in settings.unknown:
+            logging.getLogger("gpux").warning(line)
         from . import warmup
         from .session import Model
         from .tensors import RequestError, decode_predict, encode_predict, to_json

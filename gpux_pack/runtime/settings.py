@@ -47,6 +47,25 @@ class ConfigurationError(StartupError):
 
 
 DRAIN_SECONDS = 8.0  # GPUX_DRAIN_SECONDS's default (docker stop waits 10 s); deploy's grace follows it
+VARIABLES = ("GPUX_CACHE_DIR", "GPUX_CONFIG", "GPUX_DRAIN_SECONDS", "GPUX_HOST", "GPUX_LOG_FORMAT", "GPUX_LOG_LEVEL",
+             "GPUX_MAX_BODY_BYTES", "GPUX_MAX_HEADER_BYTES", "GPUX_MAX_IMAGE_PIXELS", "GPUX_MAX_QUEUE",
+             "GPUX_MAX_REQUEST_BYTES", "GPUX_MAX_WORKERS", "GPUX_MODEL_PUBLIC_KEY", "GPUX_PORT", "GPUX_PROVIDERS",
+             "GPUX_READ_TIMEOUT", "GPUX_REQUIRE_PROVIDER", "GPUX_THREADS", "GPUX_TIMEOUT", "GPUX_VERIFY_MODEL")
+
+
+def unknown_variables(env: dict[str, str]) -> list[str]:
+    """A warning line for each GPUX_* variable the image does not read: a misspelt limit
+    (GPUX_MAX_BODY_BYTE) would otherwise be dropped without a word. gpux-pack's own (GPUX_PACK_*)
+    are the packager's."""
+    import difflib
+
+    out = []
+    for name in sorted(env):
+        if name.startswith("GPUX_") and name not in VARIABLES and not name.startswith("GPUX_PACK_"):
+            close = difflib.get_close_matches(name, VARIABLES, 1, 0.75)
+            out.append(f"{_shown(name)[:80]}: not a variable this image reads; ignored"
+                       + (f" (did you mean {close[0]}?)" if close else ""))
+    return out
 
 
 @dataclass
@@ -79,6 +98,7 @@ class Settings:
     verify_model: bool | None = None  # GPUX_VERIFY_MODEL: check the model's signature first (None: gpux.json says)
     model_public_key: Path | None = None  # GPUX_MODEL_PUBLIC_KEY: the key to check it with instead of the image's
     config_path: Path | None = None  # the gpux.json read (GPUX_CONFIG's, else the image's): model signing covers it
+    unknown: tuple[str, ...] = ()  # a warning for each GPUX_* variable set that the image does not read
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, limits: Any = None) -> "Settings":
@@ -150,6 +170,7 @@ class Settings:
             verify_model=verify_model,
             model_public_key=public_key,
             read_timeout=read_timeout or 15.0,
+            unknown=tuple(unknown_variables(env)),
         )
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from gpux_pack.runtime.settings import ConfigurationError, Settings, StartupError
 
-from tests.in_process import settings, tiny_dir
+from tests.in_process import ROOT, settings, tiny_dir
 
 
 BAD_ENV = [
@@ -65,6 +66,31 @@ def test_good_variables_are_taken(tmp_path):
     # empty means unset: the config's values, then the runtime's defaults
     s = settings(folder, GPUX_PORT="", GPUX_TIMEOUT="", GPUX_MAX_WORKERS="", GPUX_HOST="", GPUX_PROVIDERS="")
     assert (s.port, s.timeout, s.max_workers, s.host) == (8080, 30.0, 1, "0.0.0.0")  # cpu: one worker
+
+
+def test_an_unknown_gpux_variable_is_a_warning_naming_it(tmp_path):
+    """GPUX_MAX_BODY_BYTE (a letter short) would otherwise be dropped without a word."""
+    s = settings(tiny_dir(tmp_path), GPUX_MAX_BODY_BYTE="100", GPUX_NOTHING_LIKE_IT="1", GPUX_PACK_REBUILD="0")
+    assert s.unknown == ("GPUX_MAX_BODY_BYTE: not a variable this image reads; ignored (did you mean "
+                         "GPUX_MAX_BODY_BYTES?)", "GPUX_NOTHING_LIKE_IT: not a variable this image reads; ignored")
+
+
+def test_the_variables_the_image_reads_are_the_ones_the_docs_name():
+    """settings.VARIABLES is what settings.py reads, and docs/runtime.md names each; no doc names
+    a GPUX_* variable that nothing reads (gpux-pack's own, GPUX_PACK_* and the tests', aside)."""
+    from gpux_pack.runtime import settings as module
+
+    source = Path(module.__file__).read_text()
+    read = {v for v in re.findall(r"\"(GPUX_[A-Z0-9_]+)\"", source.split("VARIABLES = (", 1)[1].split(")", 1)[1])
+            if not v.startswith("GPUX_PACK_")}
+    assert read == set(module.VARIABLES)
+    runtime_doc = (ROOT / "docs" / "runtime.md").read_text()
+    assert [v for v in module.VARIABLES if v not in runtime_doc] == []
+    docs = " ".join(p.read_text() for p in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "CONTRIBUTING.md"])
+    packager = ("GPUX_PACK_", "GPUX_TEST_")  # gpux-pack's and the tests' own
+    examples = {"GPUX_X", "GPUX_MAX_BODY_BYTE", "GPUX_UPDATE_GOLDEN", "GPUX_SIGN_PASSWORD"}  # a placeholder, a misspelling
+    named = {v for v in re.findall(r"GPUX_[A-Z0-9_]+", docs) if not v.startswith(packager)} - examples
+    assert named - set(module.VARIABLES) == set(), "documented, read by nothing"
 
 
 def test_bad_config_file(tmp_path, monkeypatch):
