@@ -31,7 +31,6 @@ import base64
 import hashlib
 import json
 import os
-import stat
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from gpux_pack.engine import unix_socket
 from gpux_pack.image import attestation_store, layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.project.skeleton import FileBytes, WireError, fields
+from gpux_pack.runtime.paths import open_regular  # not through a link: the recorded path is resolved, so a link there is new
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
@@ -136,7 +136,7 @@ def structure(path: Path) -> str:
     """A digest of the model file with its initializers' values left out (their lengths kept):
     equal for two files that differ only in trained weights. Miss for external data."""
     h = hashlib.sha256()
-    with _open_regular(path) as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise Miss("the model is empty")
@@ -164,23 +164,11 @@ def _digest_message(buf: Any, start: int, end: int, h: Any, depth: int) -> None:
             h.update(buf[value_start:value_end])
 
 
-def _open_regular(path: Path) -> Any:
-    """The file, opened without waiting (a FIFO would block the open) and only if it is a
-    regular file: a FIFO or a link to /dev/zero takes the full build, which says what is wrong.
-    Not through a symbolic link either: the recorded path is resolved, so a link there is new
-    (and a --contained build checks where links lead)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise Miss("the model is not a regular file")
-    return os.fdopen(fd, "rb")
-
-
 def _sha256(path: Path, size: int) -> str:
     """The model's digest, if it has the recorded size (new weights keep every length): at most
     that many bytes are read, whatever the file does meanwhile."""
     h = hashlib.sha256()
-    with _open_regular(path) as f:
+    with open_regular(path) as f:
         if os.fstat(f.fileno()).st_size != size:
             raise Miss("the model's size changed")
         left = size

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .devices import device_of
-from .paths import BAKED_DIR, CACHE_PLACEHOLDER, FALLBACK_CACHE_DIR
+from .paths import BAKED_DIR, CACHE_PLACEHOLDER, FALLBACK_CACHE_DIR, open_regular
 
 log = logging.getLogger("gpux")
 
@@ -159,7 +159,7 @@ def sha256(path: Path, size: int | None = None) -> str:
     """The file's digest; with `size`, reading at most that much (a cache file that grows, or a
     link to /dev/zero, is not read for ever)."""
     h = hashlib.sha256()
-    with _open_regular(path) as f:
+    with open_regular(path) as f:
         left = size if size is not None else sys.maxsize
         while left > 0 and (piece := f.read(min(1 << 20, left))):
             h.update(piece)
@@ -167,20 +167,11 @@ def sha256(path: Path, size: int | None = None) -> str:
     return h.hexdigest()
 
 
-def _open_regular(path: Path) -> Any:
-    """The file, opened without waiting (a FIFO would block the open), if it is a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CacheError(f"{path.name} is not a regular file")
-    return os.fdopen(fd, "rb")
-
-
 def read_record(folder: Path) -> dict[str, Any]:
     """The folder's record: a regular file of at most MAX_RECORD bytes holding a warmup record
     (a FIFO there never answered a read, and 50 MB of JSON took a 256 MiB container down)."""
     try:
-        with _open_regular(folder / RECORD) as f:
+        with open_regular(folder / RECORD) as f:
             if os.fstat(f.fileno()).st_size > MAX_RECORD:
                 raise CacheError(f"its {RECORD} is over {MAX_RECORD >> 20} MiB")
             record = json.loads(f.read(MAX_RECORD + 1))

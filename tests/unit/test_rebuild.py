@@ -113,7 +113,7 @@ def test_the_replay_reads_only_a_regular_model_of_the_recorded_size(tmp_path, ki
     worker = threading.Thread(target=lambda: outcome.append(_miss(lambda: rebuild._sha256(path, size))), daemon=True)
     worker.start()
     worker.join(10)
-    expected = {"fifo": "the model is not a regular file", "device": "a symbolic link", "longer": "the model's size changed"}
+    expected = {"fifo": f"{path.name} is not a regular file", "device": "a symbolic link", "longer": "the model's size changed"}
     assert outcome == [expected[kind]], outcome
     if kind != "longer":
         assert _miss(lambda: rebuild.structure(path)) == expected[kind]
