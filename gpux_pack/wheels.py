@@ -655,7 +655,7 @@ for src, cfile, dfile in json.loads(sys.stdin.read()):
 _COMPILE_TREE = """
 import compileall, py_compile, sys
 site, ddir = sys.stdin.read().split("\\n")
-compileall.compile_dir(site, quiet=2, workers=1, ddir=ddir,
+compileall.compile_dir(site, quiet=2, workers=0, ddir=ddir,  # every CPU: the same bytes, 0.3 s sooner on two
                        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
 """
 
