@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import build_image, run_cli, serve
 from tests.real_models import MODELS, RealModel, model_file
 
+pytestmark = pytest.mark.e2e
 DATATYPE = {np.float32: "FP32", np.int32: "INT32", np.int64: "INT64"}
 
 
