@@ -53,15 +53,19 @@ VARIABLES = ("GPUX_CACHE_DIR", "GPUX_CONFIG", "GPUX_DRAIN_SECONDS", "GPUX_HOST",
              "GPUX_READ_TIMEOUT", "GPUX_REQUIRE_PROVIDER", "GPUX_THREADS", "GPUX_TIMEOUT", "GPUX_VERIFY_MODEL")
 
 
+# gpux-pack's own variables, read by the packager and its tests: `gpux-pack serve` runs this
+# runtime in a shell that may set them
+PACKAGER_VARIABLES = ("GPUX_PACK_", "GPUX_TEST_", "GPUX_SIGN_PASSWORD", "GPUX_UPDATE_GOLDEN")
+
+
 def unknown_variables(env: dict[str, str]) -> list[str]:
     """A warning line for each GPUX_* variable the image does not read: a misspelt limit
-    (GPUX_MAX_BODY_BYTE) would otherwise be dropped without a word. gpux-pack's own (GPUX_PACK_*)
-    are the packager's."""
+    (GPUX_MAX_BODY_BYTE) would otherwise be dropped without a word."""
     import difflib
 
     out = []
     for name in sorted(env):
-        if name.startswith("GPUX_") and name not in VARIABLES and not name.startswith("GPUX_PACK_"):
+        if name.startswith("GPUX_") and name not in VARIABLES and not name.startswith(PACKAGER_VARIABLES):
             close = difflib.get_close_matches(name, VARIABLES, 1, 0.75)
             out.append(f"{_shown(name)[:80]}: not a variable this image reads; ignored"
                        + (f" (did you mean {close[0]}?)" if close else ""))
