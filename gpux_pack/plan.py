@@ -305,8 +305,8 @@ class Plan:
         return tensorrt_profiles(self.config, self.signature.inputs) if self.provider.name == "tensorrt" else {}
 
     @cached_property
-    def session_options(self) -> list[list[Any]]:
-        return session_options(self.provider, self.config, self.tensorrt_profiles)
+    def execution_providers(self) -> list[list[Any]]:
+        return execution_providers(self.provider, self.config, self.tensorrt_profiles)
 
     @cached_property
     def gpux_json(self) -> dict[str, Any]:
@@ -658,7 +658,7 @@ def gpux_json(plan: Plan) -> dict[str, Any]:
         "model_signature": {"bundle": f"{ASSETS}/{MODEL_SIGNATURE}", "public_key": f"{ASSETS}/{MODEL_PUBLIC_KEY}",
                             "verify": cfg.pack.verify_model} if plan.sign_model else None,
         "provider": provider.name,
-        "execution_providers": plan.session_options,
+        "execution_providers": plan.execution_providers,
         # the provider table's names, for GPUX_PROVIDERS, and the EPs that run on the CPU's cores
         "provider_names": EP_NAMES,
         "cpu_providers": list(CPU_EPS),
@@ -719,7 +719,7 @@ def _served(entry: dict[str, Any], signature: Signature) -> dict[str, Any]:
     return entry
 
 
-def session_options(provider: Provider, config: Any, profiles: dict[str, dict[str, list[int]]]) -> list[list[Any]]:
+def execution_providers(provider: Provider, config: Any, profiles: dict[str, dict[str, list[int]]]) -> list[list[Any]]:
     """[[EP name, options], ...] for gpux.json: the table's defaults, then runtime.gpu,
     pack.tensorrt (with the plan's TensorRT profiles), pack.openvino, pack.device_id and
     pack.provider_options. Values are strings, as ONNX Runtime parses them."""

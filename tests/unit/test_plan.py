@@ -516,9 +516,9 @@ def test_gpux_json(make, name, cuda):
 
 
 @pytest.mark.parametrize(("name", "cuda"), ROWS)
-def test_session_options_memory_limit_and_device_id(make, name, cuda):
+def test_execution_providers_memory_limit_and_device_id(make, name, cuda):
     plan = make(name, cuda, config={"runtime": {"gpu": {"memory": "2GB"}}, "pack": {"device_id": 3}})
-    options = dict((ep, opts) for ep, opts in plan.session_options)
+    options = dict((ep, opts) for ep, opts in plan.execution_providers)
     assert list(options) == list(row(name, cuda).execution_providers)
     for ep, opts in options.items():
         key = MEMORY_KEY[name].get(ep)
@@ -529,12 +529,12 @@ def test_session_options_memory_limit_and_device_id(make, name, cuda):
             assert opts["device_id"] == "3"
         else:
             assert "device_id" not in opts
-    assert plan.gpux_json["execution_providers"] == plan.session_options
+    assert plan.gpux_json["execution_providers"] == plan.execution_providers
 
 
 @pytest.mark.parametrize(("name", "cuda"), GPU_ROWS)
-def test_session_options_defaults_without_settings(make, name, cuda):
-    for ep, opts in make(name, cuda).session_options:
+def test_execution_providers_defaults_without_settings(make, name, cuda):
+    for ep, opts in make(name, cuda).execution_providers:
         assert "gpu_mem_limit" not in opts and "migraphx_mem_limit" not in opts
         if ep in DEVICE_ID_EPS:
             assert opts["device_id"] == "0"
@@ -550,7 +550,7 @@ def test_session_options_defaults_without_settings(make, name, cuda):
 )
 def test_openvino_load_config(make, openvino, expected):
     plan = make("openvino", config={"pack": {"openvino": openvino}} if openvino else None)
-    [(ep, opts), (cpu, _)] = plan.session_options
+    [(ep, opts), (cpu, _)] = plan.execution_providers
     assert (ep, cpu) == ("OpenVINOExecutionProvider", "CPUExecutionProvider")
     assert json.loads(opts["load_config"]) == expected
     assert plan.gpux_json["plugin"]["device"] == next(iter(expected))
@@ -560,20 +560,20 @@ def test_provider_options_by_short_or_ep_name(make):
     plan = make("cuda", config={"pack": {"provider_options": {
         "cuda": {"cudnn_conv_algo_search": "HEURISTIC", "do_copy_in_default_stream": True},
         "CUDAExecutionProvider": {"arena_extend_strategy": "kSameAsRequested"}}}})
-    opts = dict(plan.session_options)["CUDAExecutionProvider"]
+    opts = dict(plan.execution_providers)["CUDAExecutionProvider"]
     assert opts["cudnn_conv_algo_search"] == "HEURISTIC"
     assert opts["do_copy_in_default_stream"] == "true"
     assert opts["arena_extend_strategy"] == "kSameAsRequested"
 
 
 @pytest.mark.parametrize("cuda", ["13", "12"])
-def test_tensorrt_session_options_carry_the_profiles(make, cuda):
+def test_tensorrt_execution_providers_carry_the_profiles(make, cuda):
     plan = make("tensorrt", cuda, config={"serving": {"batch_size": 8}})
-    opts = dict(plan.session_options)["TensorrtExecutionProvider"]
+    opts = dict(plan.execution_providers)["TensorrtExecutionProvider"]
     assert plan.tensorrt_profiles == {"features": {"min": [1, 4], "opt": [8, 4], "max": [32, 4]}}
     assert (opts["trt_profile_min_shapes"], opts["trt_profile_opt_shapes"], opts["trt_profile_max_shapes"]) == (
         "features:1x4", "features:8x4", "features:32x4")
-    assert "trt_profile_min_shapes" not in dict(make("cuda", cuda).session_options)["CUDAExecutionProvider"]
+    assert "trt_profile_min_shapes" not in dict(make("cuda", cuda).execution_providers)["CUDAExecutionProvider"]
 
 
 def test_tensorrt_profiles_derivation(make):

@@ -5,14 +5,14 @@ from gpux_pack import providers
 from gpux_pack.project.load import load_project
 from gpux_pack.engine import host_from
 from gpux_pack.errors import UsageError
-from gpux_pack.plan import session_options
+from gpux_pack.plan import execution_providers
 from gpux_pack.providers import HostInfo, decide, parse_provider_list
 
 
 def session_providers(provider, cfg):
     """The session options with the config's own TensorRT profiles (a plan derives them otherwise)."""
     profiles = {n: {"min": p.min, "opt": p.opt, "max": p.max} for n, p in cfg.pack.tensorrt.profiles.items()}
-    return session_options(provider, cfg, profiles)
+    return execution_providers(provider, cfg, profiles)
 
 NONE = HostInfo()
 
@@ -94,7 +94,7 @@ def test_cuda_flavours_and_vendor_bases():
     assert custom.image == "registry.local/py:3.11" and custom.has_python
 
 
-def test_session_options_from_config(tmp_path):
+def test_execution_providers_from_config(tmp_path):
     (tmp_path / "gpux.yml").write_text(
         "name: m\nmodel: {source: m.onnx}\nruntime:\n  gpu: {memory: 2GB}\n"
         "pack:\n  tensorrt:\n    fp16: true\n    workspace: 1GB\n"

@@ -16,7 +16,7 @@ from gpux_pack import providers
 from gpux_pack.errors import BuildError
 from gpux_pack.image.dockerfile import link_check_command
 from gpux_pack.install import check_links
-from gpux_pack.plan import RuntimeBase, session_options
+from gpux_pack.plan import RuntimeBase, execution_providers
 from gpux_pack.runtime.paths import SITE
 from gpux_pack.project.load import load_project
 from gpux_pack.providers import BaseImage
@@ -48,7 +48,7 @@ def trt_options(tmp_path: Path, pack: str) -> dict[str, str]:
     (tmp_path / "gpux.yml").write_text("name: m\nmodel: {source: m.onnx}\npack:\n" + pack)
     cfg = load_project(tmp_path).config
     profiles = {n: {"min": p.min, "opt": p.opt, "max": p.max} for n, p in cfg.pack.tensorrt.profiles.items()}
-    eps = session_options(providers.get("tensorrt"), cfg, profiles)
+    eps = execution_providers(providers.get("tensorrt"), cfg, profiles)
     assert [name for name, _ in eps] == ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     return dict(eps)["TensorrtExecutionProvider"]
 
