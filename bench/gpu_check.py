@@ -98,7 +98,7 @@ class Refused(Exception):
 # what the image holds, made by the packager's own code
 
 
-def image_folder(example: Path, folder: Path) -> dict[str, Any]:
+def image_folder(example: Path, folder: Path) -> Any:
     """model/ and gpux.json as a cuda image holds them (the build writes the same gpux.json),
     from the real planning code: no Docker, no wheels, no network."""
     from gpux_pack.pipeline.build import load, plan_for
@@ -114,13 +114,13 @@ def image_folder(example: Path, folder: Path) -> dict[str, Any]:
         target = folder / "model" / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(loaded.model.path.parent / name, target)
-    (folder / "gpux.json").write_text(json.dumps(spec, indent=2, sort_keys=True, allow_nan=False))
+    (folder / "gpux.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True, allow_nan=False))
     return spec
 
 
-def skip_reason(spec: dict[str, Any]) -> str | None:
+def skip_reason(spec: Any) -> str | None:
     """Why an example cannot run on CUDA at all (then it is skipped, not failed)."""
-    strings = [t["name"] for t in (*spec["inputs"], *spec["outputs"]) if t.get("type") == "string"]
+    strings = [t.name for t in (*spec.inputs, *spec.outputs) if t.type == "string"]
     if strings:
         return (f"string tensors ({', '.join(strings)}): the CUDA provider has no kernels for them, so none of "
                 "the model would run on the GPU")
@@ -206,8 +206,8 @@ def check_example(name: str, folder: Path, dry_run: bool, runs: int, batch: int,
     out["accuracy_max_abs"] = worst(out["accuracy"])
     out["device"] = (model.cache.parts.get("device") if model.cache else None) or "unknown"
     out["device_ok"] = None if dry_run else bool(GPU_DEVICE.match(out["device"]))
-    asked = dict(model.settings.spec["execution_providers"]).get(CUDA_EP, {})
-    table = providers.get(spec["provider"]).options.get(CUDA_EP, {})
+    asked = dict(model.settings.spec.execution_providers).get(CUDA_EP, {})
+    table = providers.get(spec.provider).options.get(CUDA_EP, {})
     effective = model.session.get_provider_options().get(CUDA_EP)
     out["options"] = options_report(asked, table, None if dry_run else (effective or {}))
 

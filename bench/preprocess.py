@@ -152,7 +152,7 @@ def loaded(folder: Path, tmp: Path) -> Model:
     shutil.copy(folder / "model.onnx", image / "model" / "model.onnx")
     for name, path in plan.assets:
         shutil.copy(path, image / "assets" / name)
-    (image / "gpux.json").write_text(json.dumps(plan.gpux_json))
+    (image / "gpux.json").write_text(json.dumps(plan.gpux_json.to_json()))
     return Model.load(Settings.load({"GPUX_CONFIG": str(image / "gpux.json"), "GPUX_CACHE_DIR": str(tmp / "c")}),
                       warm_up=False)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpux_pack import __version__, sources
 from gpux_pack.errors import ModelError, UsageError
-from gpux_pack.project.config import model_name, tag_template_parts
+from gpux_pack.project.config import TensorSpec, model_name, tag_template_parts
 from gpux_pack.project.load import Project
 from gpux_pack.project.model import ModelInfo, Signature
 from gpux_pack.project.preprocess import TOKENIZER_FILE
@@ -31,7 +31,7 @@ from gpux_pack.providers import (CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, De
                                  devices_for)
 from gpux_pack.reference import parse_reference
 from gpux_pack.timestamps import created_now
-from gpux_pack.runtime import caches
+from gpux_pack.runtime import caches, contract
 from gpux_pack.runtime.paths import APP_DIR, ASSETS, CACHE_DIR, CACHE_PLACEHOLDER, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, SITE
 from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
@@ -309,7 +309,7 @@ class Plan:
         return execution_providers(self.provider, self.config, self.tensorrt_profiles)
 
     @cached_property
-    def gpux_json(self) -> dict[str, Any]:
+    def gpux_json(self) -> contract.GpuxJson:
         return gpux_json(self)
 
 
@@ -626,97 +626,75 @@ def tensorrt_profiles(cfg: Any, inputs: Any) -> dict[str, dict[str, list[int]]]:
     return out
 
 
-def gpux_json(plan: Plan) -> dict[str, Any]:
+def gpux_json(plan: Plan) -> contract.GpuxJson:
     """gpux.json: everything the image's runtime needs, so it never reads YAML."""
     cfg = plan.config
-    provider = plan.provider
-    return {
-        "format": 1,
-        "name": plan.name,
-        "title": cfg.name,
-        "version": cfg.version,
-        "description": cfg.description,
-        "model": {
-            "path": f"model/{plan.model.files[0]}",
-            "file": plan.model.files[0],
-            "files": list(plan.model_files),  # in the image: with its external data, if any
-            "weights_moved": plan.externalize,  # the build moved its inline weights to external data
-            "sha256": plan.model.sha256,
-            "size_bytes": plan.model.size_bytes,
-            "opset": plan.model.opset,
-            "nodes": plan.model.nodes,
-            # the intermediate tensors' peak: bytes per product of the request's input dimensions
-            "working_memory": [{"dims": [list(d) for d in dims], "bytes": n} for dims, n in plan.model.working_memory],
-        },
-        "inputs": [_served(t.to_json(), plan.signature) for t in plan.signature.inputs],
-        # accepted on /predict and v2 infer, not listed: initializers the graph lists as inputs
-        "overridable_inputs": [t.to_json() for t in plan.signature.overridable],
-        "outputs": [t.to_json() for t in plan.signature.outputs],
-        # what the image does to a request before the graph sees it (project/preprocess.py)
-        "preprocessing": preprocessing(plan.signature),
-        # OpenSSF model signing: the bundle and the public key under assets/; verify: before loading
-        "model_signature": {"bundle": f"{ASSETS}/{MODEL_SIGNATURE}", "public_key": f"{ASSETS}/{MODEL_PUBLIC_KEY}",
-                            "verify": cfg.pack.verify_model} if plan.sign_model else None,
-        "provider": provider.name,
-        "execution_providers": plan.execution_providers,
-        # the provider table's names, for GPUX_PROVIDERS, and the EPs that run on the CPU's cores
-        "provider_names": EP_NAMES,
-        "cpu_providers": list(CPU_EPS),
-        # a plugin EP: the module whose library the runtime registers, and the device it asks for
-        "plugin": {"ep": provider.ep, "module": provider.plugin, "device": cfg.pack.openvino.device}
-        if provider.plugin else None,
-        "ep_context": provider.ep_context,  # compile into an EP context model (runtime/caches.py)
-        # to explain a fallback: the provider's libraries, and what `docker run` needs for its device
-        "libraries": {
-            "libs": list(provider.libraries),
-            "dlopen": list(provider.dlopen),
-            "dirs": list(provider.library_dirs),
-            "driver": list(provider.driver_libs),
-        },
-        "run_flags": provider.run_flags,
-        "onnxruntime": plan.ort_version,
-        "warmup": plan.warmup,
-        "warmup_profiles": plan.tensorrt_profiles,
-        "accuracy": cfg.pack.accuracy.model_dump() if cfg.pack.accuracy else None,
-        "runtime": {
-            "timeout": cfg.runtime.timeout,
-            "batch_size": cfg.runtime.batch_size,
-            "enable_profiling": cfg.runtime.enable_profiling,
-        },
-        "serving": {
-            "port": cfg.serving.port,
-            "host": serving_host(cfg),
-            "max_workers": cfg.serving.max_workers,
-            "timeout": cfg.serving.timeout,
-            "batching": batching(cfg),
-            "grpc_port": cfg.serving.grpc_port,
-        },
-        "metadata": cfg.metadata,
-        "pack_version": __version__,
-    }
+    provider, model, signature = plan.provider, plan.model, plan.signature
+    accuracy, batch = cfg.pack.accuracy, batching(cfg)
+    return contract.GpuxJson(
+        name=plan.name,
+        title=cfg.name,
+        version=cfg.version,
+        description=cfg.description,
+        model=contract.ModelFiles(
+            path=f"model/{model.files[0]}", file=model.files[0], files=tuple(plan.model_files),
+            weights_moved=plan.externalize, sha256=model.sha256, size_bytes=model.size_bytes, opset=model.opset,
+            nodes=model.nodes,
+            working_memory=tuple(contract.WorkingMemory(tuple(dims), n) for dims, n in model.working_memory)),
+        inputs=tuple(served(t, signature) for t in signature.inputs),
+        overridable_inputs=tuple(served(t) for t in signature.overridable),
+        outputs=tuple(served(t) for t in signature.outputs),
+        preprocessing=preprocessing(signature),
+        model_signature=contract.ModelSignature(f"{ASSETS}/{MODEL_SIGNATURE}", f"{ASSETS}/{MODEL_PUBLIC_KEY}",
+                                                cfg.pack.verify_model) if plan.sign_model else None,
+        provider=provider.name,
+        execution_providers=tuple((name, dict(options)) for name, options in plan.execution_providers),
+        provider_names=dict(EP_NAMES),
+        cpu_providers=tuple(CPU_EPS),
+        plugin=contract.Plugin(provider.ep, provider.plugin, cfg.pack.openvino.device) if provider.plugin else None,
+        ep_context=provider.ep_context,
+        libraries=contract.Libraries(tuple(provider.libraries), tuple(provider.dlopen), tuple(provider.library_dirs),
+                                     tuple(provider.driver_libs)),
+        run_flags=provider.run_flags,
+        onnxruntime=plan.ort_version,
+        warmup=plan.warmup,  # type: ignore[arg-type]
+        warmup_profiles={name: contract.Profile(tuple(p["min"]), tuple(p["opt"]), tuple(p["max"]))
+                         for name, p in plan.tensorrt_profiles.items()},
+        accuracy=contract.Accuracy(accuracy.atol, accuracy.rtol) if accuracy else None,
+        runtime=contract.RuntimeOptions(float(cfg.runtime.timeout), cfg.runtime.batch_size,
+                                        cfg.runtime.enable_profiling),
+        serving=contract.Serving(cfg.serving.port, serving_host(cfg), cfg.serving.max_workers,
+                                 float(cfg.serving.timeout),
+                                 contract.Batching(int(batch["max_batch_size"]), float(batch["max_delay_ms"]))
+                                 if batch else None, cfg.serving.grpc_port),
+        metadata=dict(cfg.metadata),
+        pack_version=__version__,
+    )
 
 
-def preprocessing(signature: Signature) -> dict[str, Any] | None:
+def preprocessing(signature: Signature) -> contract.Preprocessing | None:
     """gpux.json's preprocessing: each step the image applies, by modality."""
-    steps = {}
-    if signature.text:
-        steps["text"] = signature.text.to_json(f"{ASSETS}/{TOKENIZER_FILE}")
-    if signature.image:
-        steps["image"] = signature.image.to_json()
-    if signature.audio:
-        steps["audio"] = signature.audio.to_json()
-    return steps or None
+    if not (signature.text or signature.image or signature.audio):
+        return None
+    return contract.Preprocessing(
+        text=signature.text.served(f"{ASSETS}/{TOKENIZER_FILE}") if signature.text else None,
+        image=signature.image.served() if signature.image else None,
+        audio=signature.audio.served() if signature.audio else None,
+    )
 
 
-def _served(entry: dict[str, Any], signature: Signature) -> dict[str, Any]:
-    """An input whose gpux.yml shape fixes sizes the graph leaves open: warmup runs that shape.
-    One that carries encoded media: its BYTES are kept as bytes, not read as UTF-8 text."""
-    declared = dict(signature.declared)
-    if entry["name"] in declared:
-        entry["declared_shape"] = list(declared[entry["name"]])
-    if entry["name"] in {step.input for step in (signature.image, signature.audio) if step}:
-        entry["encoded"] = True
-    return entry
+def served(t: TensorSpec, signature: Signature | None = None) -> contract.Tensor:
+    """An input (with its signature) or output as gpux.json serves it. An input whose gpux.yml
+    shape fixes sizes the graph leaves open: warmup runs that shape. One that carries encoded
+    media: its BYTES are kept as bytes, not read as UTF-8 text."""
+    declared = dict(signature.declared) if signature else {}
+    media = {step.input for step in (signature.image, signature.audio) if step} if signature else set()
+    return contract.Tensor(
+        name=t.name, type=t.type, shape=tuple(t.shape) if t.shape is not None else None, required=t.required,
+        labels=tuple(t.labels) if t.labels is not None else None, description=t.description,
+        max_length=t.max_length,
+        declared_shape=tuple(declared[t.name]) if t.name in declared else None, encoded=t.name in media,
+    )
 
 
 def execution_providers(provider: Provider, config: Any, profiles: dict[str, dict[str, list[int]]]) -> list[list[Any]]:

@@ -16,6 +16,7 @@ from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.plan import Options
 from gpux_pack.providers import EP_NAMES
 from gpux_pack.ui import Reporter
+from gpux_pack.runtime import contract
 from gpux_pack.runtime.settings import Settings
 from gpux_pack.runtime.server import App
 
@@ -27,7 +28,7 @@ def spec_dir(tmp_path: Path, example: str, provider: str = "cpu", warmup: str | 
     """gpux.json + model as the image holds them, from the real planning code."""
     loaded = load(ROOT / "examples" / example)
     plan = plan_for(loaded, provider, "test", Options(warmup=warmup), None, Reporter(quiet=True), pull=False)
-    spec = plan.gpux_json
+    spec = plan.gpux_json.to_json()
     (tmp_path / "model").mkdir()
     for name in loaded.model.files:
         shutil.copy(loaded.model.path.parent / name, tmp_path / "model" / name)
@@ -96,14 +97,16 @@ def tiny_dir(tmp_path: Path, ir_version: int = 7) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
     (tmp_path / "model").mkdir()
     onnx.save(model, str(tmp_path / "model" / "tiny.onnx"))
-    spec = {
-        "name": "tiny", "version": "1", "model": {"path": "model/tiny.onnx"},
-        "inputs": [{"name": "x", "type": "float32", "shape": ["batch", 3]},
-                   {"name": "scale", "type": "float32", "shape": [3], "required": False}],
-        "overridable_inputs": [{"name": "bias", "type": "float32", "shape": [3], "required": False}],
-        "outputs": [{"name": "y", "type": "float32", "shape": ["batch", 3]}],
-        "execution_providers": [["CPUExecutionProvider", {}]], "provider_names": EP_NAMES,
-    }
+    t = contract.Tensor
+    spec = contract.GpuxJson(
+        name="tiny", title="tiny", version="1", description=None,
+        model=contract.ModelFiles("model/tiny.onnx", "tiny.onnx", ("tiny.onnx",), False, "", 0, opset, 2),
+        inputs=(t("x", "float32", ("batch", 3)), t("scale", "float32", (3,), required=False)),
+        overridable_inputs=(t("bias", "float32", (3,), required=False),),
+        outputs=(t("y", "float32", ("batch", 3)),),
+        provider="cpu", execution_providers=(("CPUExecutionProvider", {}),), provider_names=dict(EP_NAMES),
+        pack_version="test", onnxruntime=ort.__version__,
+    ).to_json()
     (tmp_path / "gpux.json").write_text(json.dumps(spec))
     return tmp_path
 

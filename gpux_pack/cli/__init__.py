@@ -404,16 +404,22 @@ def inspect_cmd(
 
 @app.command("schema")
 def schema_cmd(
-    of: str = typer.Option("gpux.yml", "--of", help="gpux.yml, or build-summary (what build --json prints)."),
+    of: str = typer.Option("gpux.yml", "--of", help="gpux.yml, build-summary (what build --json prints) or gpux.json "
+                                                   "(what an image's runtime reads)."),
 ) -> None:
-    """Print the JSON Schema of gpux.yml (for editors and linters) or of build --json."""
+    """Print the JSON Schema of gpux.yml (for editors and linters), of build --json or of gpux.json."""
     if of == "build-summary":
         from gpux_pack.commands import build
 
         print(json.dumps(build.json_schema(), indent=2))
         return
+    if of == "gpux.json":
+        from gpux_pack.runtime import contract
+
+        print(json.dumps(contract.schema(), indent=2))
+        return
     if of != "gpux.yml":
-        raise typer.BadParameter(f"{of!r}: expected gpux.yml or build-summary", param_hint="--of")
+        raise typer.BadParameter(f"{of!r}: expected gpux.yml, build-summary or gpux.json", param_hint="--of")
     from gpux_pack.project.config import json_schema
 
     print(json.dumps(json_schema(), indent=2))

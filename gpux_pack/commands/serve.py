@@ -49,7 +49,7 @@ class Server:
         env = {**os.environ, **staged.env(GPUX_HOST=host)}
         if port is not None:
             env["GPUX_PORT"] = str(port)
-        self.port = port or int(staged.spec["serving"]["port"])
+        self.port = port or staged.spec.serving.port
         self.process = subprocess.Popen([sys.executable, "-m", "gpux_pack.runtime", "serve"], env=env)
 
     def stop(self) -> int:
@@ -79,7 +79,7 @@ def serve(path: Path, flag: str | None, host: str | None, port: int | None, ui: 
         generation = 0
         try:  # from the child's start: a signal at any point after it stops it
             server = Server(staged, host, port)
-            ui.info(f"serving {staged.spec['name']} with {staged.provider} ({staged.reason}) on "
+            ui.info(f"serving {staged.spec.name} with {staged.provider} ({staged.reason}) on "
                     f"http://{host if ':' not in host else f'[{host}]'}:{server.port}; reloads when "
                     f"{', '.join(p.name for p in staged.watched)} change; Ctrl-C stops")
             while True:

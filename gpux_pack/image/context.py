@@ -96,7 +96,7 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> C
 
 def config_file(plan: Plan) -> bytes:
     """gpux.json's bytes, as the image holds them (and as model signing signs them)."""
-    return _strict_json(plan.gpux_json)
+    return _strict_json(plan.gpux_json.to_json())
 
 
 def answer_files(plan: Plan) -> list[tuple[str, bytes | Path]]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from gpux_pack import providers
 from gpux_pack.errors import UsageError
@@ -16,6 +15,7 @@ from gpux_pack.pipeline import build
 from gpux_pack.plan import Options, with_lock
 from gpux_pack.ui import Reporter
 from gpux_pack.project.preprocess import download
+from gpux_pack.runtime import contract
 from gpux_pack.wheels import Lock, Pin
 
 RUNTIME_MODULES = ("onnxruntime", "uvicorn", "orjson", "prometheus_client")  # what the image's runtime imports
@@ -29,7 +29,7 @@ class Staged:
     provider: str
     reason: str
     watched: tuple[Path, ...]  # gpux.yml and the model's files: a change reloads
-    spec: dict[str, Any]
+    spec: contract.GpuxJson
     host: str = "127.0.0.1"  # gpux.yml's serving.host when it sets one: on this machine it applies
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -111,13 +111,16 @@ def stage(path: Path, flag: str | None, folder: Path, ui: Reporter) -> Staged:
     row, reason, version = host_provider(loaded, flag)
     plan = build.plan_for(loaded, row.name, reason, Options(), None, Reporter(quiet=True), pull=False)  # no base: no news
     spec = with_lock(plan, Lock(plan.target, plan.requirements, (Pin(row.ort, version, frozenset()),))).gpux_json
-    spec["model"]["path"] = str(loaded.model.path)  # absolute: the runtime joins it to gpux.json's folder
+    # absolute: the runtime joins it to gpux.json's folder
+    spec = replace(spec, model=replace(spec.model, path=str(loaded.model.path)))
     text = loaded.signature.text
-    if text is not None:  # the tokenizer.json where it is (downloaded first when nothing here has it)
+    if text is not None and spec.preprocessing and spec.preprocessing.text:
+        # the tokenizer.json where it is (downloaded first when nothing here has it)
         text = text if text.tokenizer.path is not None else download(text)
-        spec["preprocessing"]["text"]["file"] = str(text.tokenizer.path)
+        steps = spec.preprocessing
+        spec = replace(spec, preprocessing=replace(steps, text=replace(steps.text, file=str(text.tokenizer.path))))
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "gpux.json").write_text(json.dumps(spec, indent=2, sort_keys=True, allow_nan=False))
+    (folder / "gpux.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True, allow_nan=False))
     model_dir = loaded.model.path.parent
     watched = (loaded.project.config_path, *(model_dir / name for name in loaded.model.files))
     cfg = loaded.project.config

@@ -23,6 +23,7 @@ from typing import Any
 from gpux_pack.errors import UsageError
 from gpux_pack.project.config import TensorSpec
 from gpux_pack.project.load import Project
+from gpux_pack.runtime import contract
 
 ROLES = ("input_ids", "attention_mask", "token_type_ids")  # the token inputs, by their usual names
 TOKEN_TYPES = ("int64", "int32")
@@ -60,11 +61,10 @@ class TextStep:
     length: int | None = None  # the graph fixes the sequence length: every text is padded to it
     batch: int | None = None  # the graph fixes the batch dimension: at most this many texts a request
 
-    def to_json(self, file: str) -> dict[str, Any]:
+    def served(self, file: str) -> contract.TextStep:
         """gpux.json's preprocessing.text; file: the tokenizer.json in the image (from the app folder)."""
-        return {"input": self.input, "file": file, "max_length": self.max_length, "padding": self.padding,
-                "truncation": self.truncation, "length": self.length, "batch": self.batch,
-                "feeds": [{"role": r, "name": n, "type": t} for r, n, t in self.feeds]}
+        return contract.TextStep(self.input, file, self.max_length, self.padding, self.truncation,  # type: ignore[arg-type]
+                                 self.length, self.batch, tuple(contract.Feed(*f) for f in self.feeds))
 
 
 def text_step(project: Project, graph_inputs: tuple[TensorSpec, ...],
@@ -257,12 +257,11 @@ class ImageStep:
     std: tuple[float, float, float] | None
     batch: int | None = None  # the graph fixes the batch dimension
 
-    def to_json(self) -> dict[str, Any]:
-        return {"input": self.input, "feed": self.feed, "type": self.dtype, "layout": self.layout,
-                "size": list(self.size), "resize": list(self.resize) if self.resize else None,
-                "crop": list(self.crop) if self.crop else None, "letterbox": self.letterbox,
-                "pad": LETTERBOX_PAD, "scale": self.scale, "mean": list(self.mean) if self.mean else None,
-                "std": list(self.std) if self.std else None, "batch": self.batch}
+    def served(self) -> contract.ImageStep:
+        """gpux.json's preprocessing.image."""
+        return contract.ImageStep(self.input, self.feed, self.dtype, self.layout, self.size,  # type: ignore[arg-type]
+                                  self.resize, self.crop, self.letterbox, LETTERBOX_PAD, self.scale, self.mean,
+                                  self.std, self.batch)
 
 
 def image_step(project: Project, graph_inputs: tuple[TensorSpec, ...], notes: list[str],
@@ -374,10 +373,10 @@ class AudioStep:
     frames: int  # samples // hop_length (Whisper drops the STFT's last frame)
     batch: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"input": self.input, "feed": self.feed, "type": self.dtype, "sample_rate": self.sample_rate,
-                "n_mels": self.n_mels, "n_fft": self.n_fft, "hop_length": self.hop_length, "samples": self.samples,
-                "frames": self.frames, "batch": self.batch}
+    def served(self) -> contract.AudioStep:
+        """gpux.json's preprocessing.audio."""
+        return contract.AudioStep(self.input, self.feed, self.dtype, self.sample_rate, self.n_mels, self.n_fft,
+                                  self.hop_length, self.samples, self.frames, self.batch)
 
 
 def audio_step(project: Project, graph_inputs: tuple[TensorSpec, ...], notes: list[str],

@@ -105,13 +105,13 @@ def _command(command: str, args) -> int:
 
     try:
         _STATE["doing"] = "loading the model"
-        warm_up = command == "warmup" or (command == "serve" and settings.spec.get("warmup") != "none")
+        warm_up = command == "warmup" or (command == "serve" and settings.spec.warmup != "none")
         model = _interruptible(Model.load, settings, warm_up)
         gc.enable()
         if command == "serve":
             from .server import serve
 
-            return serve(model, settings.spec.get("pack_version", ""), handoff=_handoff)
+            return serve(model, settings.spec.pack_version, handoff=_handoff)
         if command == "warmup":
             _STATE["doing"] = "warming up"
             state = _interruptible(warmup.run, model, True)

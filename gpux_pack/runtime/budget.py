@@ -31,8 +31,7 @@ class Budget:
     def __init__(self, model: Any, codec: Executor):
         self.model, self.settings, self.codec = model, model.settings, codec
         # the graph's intermediate tensors at their peak: bytes x the request's (input, axis) sizes
-        self.working = [(tuple((d[0], d[1]) for d in term["dims"]), int(term["bytes"]))
-                        for term in (model.spec.get("model") or {}).get("working_memory") or ()]
+        self.working = [(term.dims, term.bytes) for term in model.spec.model.working_memory]
         # a request charged this much may leave freed memory in malloc's free lists: trimmed once
         # idle; sooner in a small container, where what the heap keeps is a large share
         memory = self.settings.limits.memory if self.settings.limits else 1 << 34

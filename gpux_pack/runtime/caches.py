@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contract import GpuxJson
 from .devices import device_of
 from .paths import BAKED_DIR, CACHE_PLACEHOLDER, FALLBACK_CACHE_DIR, open_regular
 
@@ -51,14 +52,14 @@ class CacheError(Exception):
 # the key
 
 
-def key_parts(spec: dict[str, Any], provider: str, options: dict[str, Any], shapes: list[dict[str, list[int]]],
+def key_parts(model_sha256: str, provider: str, options: dict[str, Any], shapes: list[dict[str, list[int]]],
               onnxruntime: str, device: str | None = None, libraries: dict[str, str] | None = None) -> dict[str, Any]:
     """What a compiled artefact depends on. Options are the provider's session options without
     their cache paths (precision flags, profiles, workspace: everything that changes what is
     compiled)."""
     return {
         "format": FORMAT,
-        "model_sha256": spec["model"].get("sha256", ""),
+        "model_sha256": model_sha256,
         "provider": provider,
         "onnxruntime": onnxruntime,
         "libraries": libraries if libraries is not None else library_versions(),
@@ -451,17 +452,17 @@ def violation(errors: dict[str, dict[str, float]], ours: dict[str, Any], referen
     return None
 
 
-def warmup_shapes(spec: dict[str, Any]) -> list[dict[str, list[int]]]:
+def warmup_shapes(spec: GpuxJson) -> list[dict[str, list[int]]]:
     """The input shapes warmup runs (part of the cache key): each required input's declared
     shape (where gpux.yml fixed sizes the graph leaves open, those) with dynamic dimensions at 1,
     then one run per profile point (min, opt, max)."""
     base = {}
-    for t in spec["inputs"]:
-        if t.get("required", True):
-            shape = t.get("declared_shape") or t.get("shape") or ()
-            base[t["name"]] = [d if isinstance(d, int) and d >= 0 else 1 for d in shape]
+    for t in spec.inputs:
+        if t.required:
+            shape = t.declared_shape or t.shape or ()
+            base[t.name] = [d if isinstance(d, int) and d >= 0 else 1 for d in shape]
     runs = [base]
-    profiles: dict[str, dict[str, list[int]]] = spec.get("warmup_profiles") or {}
+    profiles = spec.warmup_profiles
     for point in ("min", "opt", "max") if profiles else ():
-        runs.append({**base, **{name: list(p[point]) for name, p in profiles.items() if name in base and point in p}})
+        runs.append({**base, **{name: list(getattr(p, point)) for name, p in profiles.items() if name in base}})
     return runs

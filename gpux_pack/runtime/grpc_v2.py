@@ -150,7 +150,7 @@ class Servicer:
 
     def __init__(self, app: Any):
         self.app, self.m = app, message_classes()
-        self.name, self.version = app.model.spec["name"], app.model.spec["version"]
+        self.name, self.version = app.model.spec.name, app.model.spec.version
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return self.m["ServerLiveResponse"](live=True)

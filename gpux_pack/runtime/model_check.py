@@ -16,24 +16,24 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
 
+from .contract import GpuxJson
 from .paths import ASSETS, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, UNSIGNED
 from .settings import StartupError
 
 PREDICATE = "https://model_signing/signature/v1.0"
 
 
-def wanted(spec: dict[str, Any], asked: bool | None) -> bool:
+def wanted(spec: GpuxJson, asked: bool | None) -> bool:
     """asked: GPUX_VERIFY_MODEL (None when unset); else gpux.yml's pack.verify_model."""
-    return asked if asked is not None else bool((spec.get("model_signature") or {}).get("verify"))
+    return asked if asked is not None else bool(spec.model_signature and spec.model_signature.verify)
 
 
-def verify(spec: dict[str, Any], config: Path, public_key: Path | None = None) -> int:
+def verify(spec: GpuxJson, config: Path, public_key: Path | None = None) -> int:
     """Check the image's folder (the one holding `config`, its gpux.json) against its bundle; the
     number of files checked. cryptography is imported only for an image that carries a bundle
     (the lock has it only then)."""
-    if not spec.get("model_signature"):
+    if not spec.model_signature:
         raise StartupError("GPUX_VERIFY_MODEL=1, but this image carries no model signature (build --sign-model KEY)")
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import hashes, serialization

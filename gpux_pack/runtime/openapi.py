@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .contract import GpuxJson
 from .dtypes import DTYPES
 from .tensors import ServedTensor
 
@@ -59,11 +60,11 @@ def _get(summary: str, schema: dict[str, Any], tag: str, not_ready: bool = False
     return {"get": {"summary": summary, "tags": [tag], "responses": responses}}
 
 
-def document(spec: dict[str, Any], pack_version: str) -> dict[str, Any]:
+def document(spec: GpuxJson, pack_version: str) -> dict[str, Any]:
     """OpenAPI 3.1 for this image: GPUX's endpoints and KServe v2's (REST), for this model."""
-    inputs = [ServedTensor.from_json(t) for t in spec["inputs"]]
-    outputs = [ServedTensor.from_json(t) for t in spec["outputs"]]
-    name, version = spec["name"], spec["version"]
+    inputs = [ServedTensor.of(t) for t in spec.inputs]
+    outputs = [ServedTensor.of(t) for t in spec.outputs]
+    name, version = spec.name, spec.version
     error = {"$ref": "#/components/schemas/Error"}
     errors = {str(code): _json(error, text) for code, text in (
         (400, "The request is wrong: the message names the input or the part"), (413, "Too large for this server"),
@@ -148,8 +149,8 @@ def document(spec: dict[str, Any], pack_version: str) -> dict[str, Any]:
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": spec.get("title", name), "version": version,
-                 "description": (spec.get("description") or f"{name}, served by gpux-pack {pack_version}")},
+        "info": {"title": spec.title, "version": version,
+                 "description": spec.description or f"{name}, served by gpux-pack {pack_version}"},
         "paths": paths,
         "components": {"schemas": schemas},
     }

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import contract
 from .tensors import RequestError
 
 PAD_TOKENS = ("[PAD]", "<pad>", "<|endoftext|>")  # when tokenizer.json sets no padding: the usual names
@@ -32,24 +33,23 @@ BYTES_PER_CHAR = 128  # what encoding holds per character read (measured: 122)
 class Text:
     """The text step: one tokenizer, loaded at start from the image's assets."""
 
-    def __init__(self, spec: dict[str, Any], root: Path):
+    def __init__(self, spec: contract.TextStep, root: Path):
         from tokenizers import Tokenizer  # only an image that tokenizes imports it
 
-        self.input: str = spec["input"]
-        self.feeds: list[tuple[str, str, np.dtype]] = [(f["role"], f["name"], np.dtype(f["type"]))
-                                                       for f in spec["feeds"]]
-        self.max_length: int = spec["max_length"]
-        self.truncation: bool = spec["truncation"]
-        self.batch: int | None = spec.get("batch")
-        tokenizer = Tokenizer.from_file(str(root / spec["file"]))
+        self.input = spec.input
+        self.feeds: list[tuple[str, str, np.dtype]] = [(f.role, f.name, np.dtype(f.type)) for f in spec.feeds]
+        self.max_length = spec.max_length
+        self.truncation = spec.truncation
+        self.batch = spec.batch
+        tokenizer = Tokenizer.from_file(str(root / spec.file))
         padding = tokenizer.padding or {}
         pad_id = padding.get("pad_id")
         pad_token = padding.get("pad_token")
         if pad_token is None:
             pad_token, pad_id = next(((t, i) for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None),
                                      ("[PAD]", 0))
-        length = spec.get("length") or (self.max_length if spec["padding"] == "max_length" else None)
-        if spec["padding"] == "none" and not spec.get("length"):
+        length = spec.length or (self.max_length if spec.padding == "max_length" else None)
+        if spec.padding == "none" and not spec.length:
             tokenizer.no_padding()
         else:
             tokenizer.enable_padding(direction="right", pad_id=pad_id, pad_token=pad_token, length=length)
@@ -185,24 +185,17 @@ class Image:
     when it shrinks) or letterboxed, centre-cropped, scaled (/ 255), normalized ((x - mean) / std
     per channel) and laid out as the graph takes it."""
 
-    def __init__(self, spec: dict[str, Any], max_pixels: int = DEFAULT_MAX_PIXELS):
+    def __init__(self, spec: contract.ImageStep, max_pixels: int = DEFAULT_MAX_PIXELS):
         from PIL import Image as pil  # only an image that decodes images imports Pillow
 
         self.pil = pil
         pil.MAX_IMAGE_PIXELS = None  # ours replaces Pillow's check: the header is read, the size refused, one line
-        self.input: str = spec["input"]
-        self.feed: str = spec["feed"]
-        self.dtype = np.dtype(spec["type"])
-        self.layout: str = spec["layout"]
-        self.size: tuple[int, int] = tuple(spec["size"])  # type: ignore[assignment]
-        self.resize = tuple(spec["resize"]) if spec.get("resize") else None
-        self.crop = tuple(spec["crop"]) if spec.get("crop") else None
-        self.letterbox: bool = spec["letterbox"]
-        self.pad: int = spec.get("pad", 114)
-        self.scale = np.float32(spec["scale"])
-        self.mean = np.array(spec["mean"], np.float32) if spec.get("mean") else None
-        self.std = np.array(spec["std"], np.float32) if spec.get("std") else None
-        self.batch: int | None = spec.get("batch")
+        self.input, self.feed, self.dtype, self.layout = spec.input, spec.feed, np.dtype(spec.type), spec.layout
+        self.size, self.resize, self.crop = spec.size, spec.resize, spec.crop
+        self.letterbox, self.pad, self.scale = spec.letterbox, spec.pad, np.float32(spec.scale)
+        self.mean = np.array(spec.mean, np.float32) if spec.mean else None
+        self.std = np.array(spec.std, np.float32) if spec.std else None
+        self.batch = spec.batch
         self.max_pixels = max_pixels
 
     def apply(self, feeds: dict[str, Any], charge: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -366,17 +359,11 @@ class Audio:
     with Slaney (area) normalization, log10 of max(mel, 1e-10), floored at its maximum - 8, then
     (x + 4) / 4."""
 
-    def __init__(self, spec: dict[str, Any]):
-        self.input: str = spec["input"]
-        self.feed: str = spec["feed"]
-        self.dtype = np.dtype(spec["type"])
-        self.sample_rate: int = spec["sample_rate"]
-        self.n_fft: int = spec["n_fft"]
-        self.hop: int = spec["hop_length"]
-        self.samples: int = spec["samples"]
-        self.frames: int = spec["frames"]
-        self.batch: int | None = spec.get("batch")
-        self.filters = mel_filters(self.sample_rate, self.n_fft, spec["n_mels"])
+    def __init__(self, spec: contract.AudioStep):
+        self.input, self.feed, self.dtype = spec.input, spec.feed, np.dtype(spec.type)
+        self.sample_rate, self.n_fft, self.hop = spec.sample_rate, spec.n_fft, spec.hop_length
+        self.samples, self.frames, self.batch = spec.samples, spec.frames, spec.batch
+        self.filters = mel_filters(self.sample_rate, self.n_fft, spec.n_mels)
         n = np.arange(self.n_fft)
         self.window = 0.5 - 0.5 * np.cos(2 * np.pi * n / self.n_fft)  # periodic Hann (torch.hann_window's)
 
@@ -507,12 +494,12 @@ def read_wav(data: bytes, what: str) -> tuple[np.ndarray, int]:
 class Steps:
     """The steps gpux.json asks for, in order, applied to one decoded request."""
 
-    def __init__(self, spec: dict[str, Any], root: Path, max_pixels: int = DEFAULT_MAX_PIXELS):
-        steps = spec.get("preprocessing") or {}
-        self.text = Text(steps["text"], root) if steps.get("text") else None
-        self.image = Image(steps["image"], max_pixels) if steps.get("image") else None
-        self.audio = Audio(steps["audio"]) if steps.get("audio") else None
-        names = {t["name"] for t in spec["inputs"]} | {t["name"] for t in spec.get("overridable_inputs") or ()}
+    def __init__(self, spec: contract.GpuxJson, root: Path, max_pixels: int = DEFAULT_MAX_PIXELS):
+        steps = spec.preprocessing or contract.Preprocessing()
+        self.text = Text(steps.text, root) if steps.text else None
+        self.image = Image(steps.image, max_pixels) if steps.image else None
+        self.audio = Audio(steps.audio) if steps.audio else None
+        names = {t.name for t in (*spec.inputs, *spec.overridable_inputs)}
         # GPUX's {"image": ..., "format": "jpeg"} and {"audio": ..., "sample_rate": 16000, "format": "wav"}:
         # hints beside the media, not inputs (unless the graph has inputs of those names)
         self.hints = {"format", "sample_rate"} - names
@@ -596,7 +583,3 @@ def _b64_text(value: Any) -> Any:
         return value["b64"]
     return value
 
-
-def load(spec: dict[str, Any], root: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Steps | None:
-    """The preprocessing gpux.json asks for, ready to apply (None when none)."""
-    return Steps(spec, root, max_pixels) if spec.get("preprocessing") else None

@@ -109,7 +109,7 @@ class App:
 
     def start_warmup(self) -> None:
         """Warm up off the event loop: health endpoints answer (503) meanwhile."""
-        if self.model.spec.get("warmup") == "none":
+        if self.model.spec.warmup == "none":
             self.model.warmup_state = {"state": "skipped"}
             self.model.publish_cache()
             self.budget.measure(start=True)
@@ -173,7 +173,7 @@ class App:
             self.budget.release(response.held)
         seconds = time.perf_counter() - started
         path = scope["path"]
-        self.metrics.observe_request(route(path.rstrip("/") or "/", self.model.spec["name"]), response.status, seconds)
+        self.metrics.observe_request(route(path.rstrip("/") or "/", self.model.spec.name), response.status, seconds)
         if access.isEnabledFor(logging.INFO):
             access.info("%s %s %d %.1fms", scope["method"], path, response.status, seconds * 1000,
                         extra={"method": scope["method"], "path": path, "status": response.status,
@@ -208,11 +208,11 @@ class App:
     async def _route(self, scope: dict[str, Any], receive: Receive) -> Response:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         model = self.model
-        name, version = model.spec["name"], model.spec["version"]
+        name, version = model.spec.name, model.spec.version
 
         if path == "/health":  # GPUX's answer (monitoring checks status == "healthy"), and ours
             self._only(method, "GET")
-            title, ready = model.spec.get("title", name), self.is_ready()
+            title, ready = model.spec.title, self.is_ready()
             return _json(200 if ready else 503, {"status": "healthy" if ready else self.state(), "model": title,
                                                  "ready": ready})
         if path == "/info":
@@ -276,8 +276,8 @@ class App:
     def metadata(self) -> dict[str, Any]:
         m = self.model
         return {
-            "name": m.spec["name"],
-            "versions": [m.spec["version"]],
+            "name": m.spec.name,
+            "versions": [m.spec.version],
             "platform": "onnxruntime_onnx",
             "inputs": [{"name": s.name, "datatype": s.datatype, "shape": s.v2_shape} for s in m.inputs],
             "outputs": [{"name": s.name, "datatype": s.datatype, "shape": s.v2_shape} for s in m.outputs],
@@ -333,7 +333,7 @@ class App:
                 response = Response(200, payload, held=held)
                 held = 0  # released once the answer is sent
                 return response
-            head = {"model_name": self.model.spec["name"], "model_version": self.model.spec["version"]}
+            head = {"model_name": self.model.spec.name, "model_version": self.model.spec.version}
             if request.id is not None:
                 head["id"] = request.id
             if large and not request.binary_default and not request.binary:

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from . import caches, model_check
+from . import caches, contract, model_check
+from .contract import GpuxJson
 from .devices import cpu_vendor, no_device
 from .dtypes import BINARY_ONLY
 from .settings import Settings, StartupError
@@ -78,7 +79,7 @@ class Model:
     _bf16: frozenset[str] | None = None  # names of its BF16 tensors (inputs, initializers, outputs)
 
     @property
-    def spec(self) -> dict[str, Any]:
+    def spec(self) -> GpuxJson:
         return self.settings.spec
 
     @classmethod
@@ -89,26 +90,26 @@ class Model:
         import onnxruntime as ort
 
         spec = settings.spec
-        original = settings.root / spec["model"]["path"]
+        original = settings.root / spec.model.path
         if model_check.wanted(spec, settings.verify_model):  # a changed model never loads
             checked = model_check.verify(spec, settings.config_path or settings.root / "gpux.json",
                                          settings.model_public_key)
             log.info("model signature verified (%d file%s)", checked, "" if checked == 1 else "s")
         requested = [name for name, _ in settings.providers]
         _prepare_libraries(requested)
-        plugin = Plugin.find(spec.get("plugin"), requested[0], settings.threads)
+        plugin = Plugin.find(spec.plugin, requested[0], settings.threads)
         available = set(ort.get_available_providers()) | ({plugin.ep} if plugin.devices else set())
         usable = [(n, o) for n, o in settings.providers if n in available]
         primary_options = dict(usable[0][1]) if usable else {}
-        compiles = bool(spec.get("ep_context")) and bool(plugin.devices)  # only where the plugin has a device
+        compiles = spec.ep_context and bool(plugin.devices)  # only where the plugin has a device
         cache = caches.choose(
-            caches.key_parts(spec, usable[0][0] if usable else "CPUExecutionProvider", primary_options,
+            caches.key_parts(spec.model.sha256, usable[0][0] if usable else "CPUExecutionProvider", primary_options,
                            caches.warmup_shapes(spec), ort.__version__),
             settings.cache_dir, settings.baked_dir, caches=compiles or caches.uses_cache(primary_options),
         )
         for line in cache.warnings:
             log.warning("%s", line)
-        user_profiling = bool(spec.get("runtime", {}).get("enable_profiling"))
+        user_profiling = spec.runtime.enable_profiling
         # which provider runs which nodes: no question when the CPU provider is the only one asked
         # for (its partition is every node), so no profile to write and parse at start
         profile = ProfileFolder.make() if warm_up and not user_profiling and requested != ["CPUExecutionProvider"] else None
@@ -158,31 +159,27 @@ class Model:
             log.warning("!" * 72)
         try:
             steps = None
-            if spec.get("preprocessing"):  # only an image that preprocesses pays for the module
+            if spec.preprocessing:  # only an image that preprocesses pays for the module
                 from . import preprocess
 
-                steps = preprocess.load(spec, settings.root, settings.max_image_pixels)
+                steps = preprocess.Steps(spec, settings.root, settings.max_image_pixels)
         except Exception as e:  # a missing or damaged tokenizer.json: the image cannot serve what it says
             raise StartupError(f"cannot load the preprocessing: {last_line(e)}") from None
         fed = steps.fed if steps else set()
         # what a step feeds a request may send instead (text, an image): optional, checked by the step
-        inputs = [ServedTensor.from_json({**t, "required": False} if t["name"] in fed else t) for t in spec["inputs"]]
-        outputs = [ServedTensor.from_json(t) for t in spec["outputs"]]
+        inputs = [ServedTensor.of(t, required=False if t.name in fed else t.required) for t in spec.inputs]
+        outputs = [ServedTensor.of(t) for t in spec.outputs]
         # ONNX Runtime folds an IR-3 graph's initializer inputs into constants: accept only those
         # it lets a request override, so the others get "unknown input", not an ORT error.
         takes = {i.name for i in session.get_overridable_initializers()}
-        overridable = [
-            ServedTensor.from_json({**t, "required": False})
-            for t in spec.get("overridable_inputs") or ()
-            if t["name"] in takes
-        ]
+        overridable = [ServedTensor.of(t, required=False) for t in spec.overridable_inputs if t.name in takes]
         model = cls(settings, session, inputs, outputs, requested, active, load_seconds, overridable=overridable)
         model.threads = _threads_at_load(settings)
         model.path = path
         model.cache = cache
         model.profile = profile
         model.steps = steps
-        model.labels = {t["name"]: list(t["labels"]) for t in spec["outputs"] if t.get("labels")}
+        model.labels = {t.name: list(t.labels) for t in spec.outputs if t.labels}
         return model
 
     def prepare(self, feeds: Any, charge: Any = None) -> tuple[Any, dict[str, Any]]:
@@ -234,7 +231,7 @@ class Model:
         """/info's warmup: mode, state, key, cache (baked | volume | compiled | none),
         partition, accuracy, seconds; from the cache's record when warmup did not run here."""
         cache = self.cache
-        mode = self.spec.get("warmup", "at-start")
+        mode: str = self.spec.warmup
         if cache is not None and "baked" in (cache.source, cache.refused):
             mode = "baked"  # the image carries a cache for this container (refused: see the log)
         record = cache.record if cache is not None else {}
@@ -259,28 +256,29 @@ class Model:
         import onnxruntime as ort
 
         spec = self.spec
-        size = int(spec["model"].get("size_bytes") or 0)
+        size = spec.model.size_bytes
         return {
-            "name": spec.get("title", spec["name"]),  # gpux.yml's name as written (GPUX's /info)
-            "model_name": spec["name"],  # the name KServe v2 URLs use
-            "version": spec["version"],
-            "description": spec.get("description"),
+            "name": spec.title,  # gpux.yml's name as written (GPUX's /info)
+            "model_name": spec.name,  # the name KServe v2 URLs use
+            "version": spec.version,
+            "description": spec.description,
             # GPUX's model fields
             "format": "onnx",
-            "path": str(self.settings.root / spec["model"]["path"]),
+            "path": str(self.settings.root / spec.model.path),
             "size_bytes": size,
             "size_mb": round(size / (1024 * 1024), 2),
-            "model": {k: spec["model"][k] for k in ("file", "sha256", "size_bytes", "opset") if k in spec["model"]},
-            "inputs": [{"required": True, "description": None, **t} for t in spec["inputs"]],
-            "outputs": [{"labels": None, "description": None, **t} for t in spec["outputs"]],
-            "provider": spec.get("provider"),
+            "model": {"file": spec.model.file, "sha256": spec.model.sha256, "size_bytes": size,
+                      "opset": spec.model.opset},
+            "inputs": [{"required": True, "description": None, **t.entry()} for t in spec.inputs],
+            "outputs": [{"labels": None, "description": None, **t.entry()} for t in spec.outputs],
+            "provider": spec.provider,
             "execution_providers": {"requested": self.requested, "active": self.active},
             "onnxruntime": ort.__version__,
             "warmup": self.warmup_info(),
             "threads": self.threads,
             "load_seconds": round(self.load_seconds, 4),
-            "metadata": spec.get("metadata", {}),
-            "gpux_pack": spec.get("pack_version"),
+            "metadata": spec.metadata,
+            "gpux_pack": spec.pack_version,
         }
 
 
@@ -326,17 +324,17 @@ class Plugin:
     threads: int = 0
 
     @classmethod
-    def find(cls, plugin: dict[str, Any] | None, primary: str, threads: int) -> "Plugin":
-        if not plugin or plugin.get("ep") != primary:
+    def find(cls, plugin: contract.Plugin | None, primary: str, threads: int) -> "Plugin":
+        if not plugin or plugin.ep != primary:
             return cls()
         import importlib
 
         import onnxruntime as ort
 
-        ep, device = str(plugin["ep"]), str(plugin.get("device") or "CPU")
+        ep, device = plugin.ep, plugin.device or "CPU"
         try:
             if ep not in _REGISTERED:  # once per process: ONNX Runtime refuses a second registration
-                library = importlib.import_module(str(plugin["module"])).get_library_path()
+                library = importlib.import_module(plugin.module).get_library_path()
                 ort.register_execution_provider_library(ep, library)
                 _REGISTERED.add(ep)
             offered = [d for d in ort.get_ep_devices() if d.ep_name == ep]
@@ -438,19 +436,19 @@ def _threads_at_load(settings: Settings) -> dict[str, Any]:
     return {"intra_op": n, "chosen": "cpus", "why": f"{every_cpu(n)}; no run timed (warmup applies the rule)"}
 
 
-def _diagnose(spec: dict[str, Any]) -> str:
+def _diagnose(spec: GpuxJson) -> str:
     """Why an available provider did not start: a missing library (the driver's ones included,
     which the build-time check leaves to the host), else no device."""
     from .linkcheck import check
 
-    libs = spec.get("libraries") or {}
+    libs = spec.libraries
     try:
-        problems = check(libs.get("libs", []), libs.get("dlopen", []), libs.get("dirs", []), [],
-                         spec.get("execution_providers", [["?"]])[0][0], quiet=True)
+        problems = check(list(libs.libs), list(libs.dlopen), list(libs.dirs), [],
+                         spec.execution_providers[0][0] if spec.execution_providers else "?", quiet=True)
     except Exception as e:  # diagnosis must never stop the server
         return f"cannot tell why: {e}"
-    driver = set(libs.get("driver", []))
-    flags = spec.get("run_flags")
+    driver = set(libs.driver)
+    flags = spec.run_flags
     own = [p for p in problems if p.split(" ", 1)[0] not in driver]
     if own:  # the image itself lacks a library: no docker run flag fixes that
         return own[0]

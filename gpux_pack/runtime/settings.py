@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .contract import ContractError, GpuxJson, parse
 from .paths import BAKED_DIR, FALLBACK_CACHE_DIR
 
 
@@ -24,7 +25,6 @@ DEFAULT_CONFIG = "/opt/gpux/gpux.json"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 MAX_TIMEOUT = 86400  # a day: anything longer is a typo, and asyncio's timer would overflow on inf
 MAX_WORKERS = 256
-SPEC_KEYS = ("name", "version", "model", "inputs", "outputs", "execution_providers")
 
 _WHOLE = re.compile(r"[+-]?[0-9]{1,20}")
 _FLAGS = {"1": True, "true": True, "yes": True, "": False, "0": False, "false": False, "no": False}
@@ -74,7 +74,7 @@ def unknown_variables(env: dict[str, str]) -> list[str]:
 
 @dataclass
 class Settings:
-    spec: dict[str, Any]
+    spec: GpuxJson
     root: Path
     host: str
     port: int
@@ -131,34 +131,34 @@ class Settings:
         verify_model = _flag(env, "GPUX_VERIFY_MODEL") if env.get("GPUX_VERIFY_MODEL", "").strip() else None
         public_key = Path(env["GPUX_MODEL_PUBLIC_KEY"]) if env.get("GPUX_MODEL_PUBLIC_KEY") else None
         path, spec = _read_config(env)
-        wanted = _provider_names(env, spec.get("provider_names") or {"cpu": "CPUExecutionProvider"})
+        wanted = _provider_names(env, spec.provider_names)
 
-        serving = spec.get("serving") or {}
-        providers = [(name, dict(opts)) for name, opts in spec["execution_providers"]]
+        serving = spec.serving
+        providers = [(name, dict(opts)) for name, opts in spec.execution_providers]
         if wanted:
             options = dict(providers)
             providers = [(name, options.get(name, {})) for name in wanted]
             if "CPUExecutionProvider" not in wanted:
                 providers.append(("CPUExecutionProvider", {}))
         primary = providers[0][0] if providers else "CPUExecutionProvider"
-        on_cpu = primary in (spec.get("cpu_providers") or ("CPUExecutionProvider",))
+        on_cpu = primary in spec.cpu_providers
         # on CPUs one run already uses every core: more workers only contend; a GPU overlaps two
-        workers = max_workers or min(int(serving.get("max_workers", 4)), 1 if on_cpu else 2)
-        batching = serving.get("batching") or None
-        batch = (int(batching["max_batch_size"]), float(batching["max_delay_ms"])) if batching else None
+        workers = max_workers or min(serving.max_workers, 1 if on_cpu else 2)
+        batching = serving.batching
+        batch = (batching.max_batch_size, batching.max_delay_ms) if batching else None
         return cls(
             spec=spec,
             root=path.parent,
             config_path=path,
-            host=host or serving.get("host", "0.0.0.0"),
-            port=port or int(serving.get("port", 8080)),
+            host=host or serving.host,
+            port=port or serving.port,
             log_level=log_level or "info",
             providers=providers,
             require_provider=require_provider,
             cache_dir=cache_dir,
             max_body_bytes=max_body_bytes or resources.default_body_bytes(lim),
             max_workers=workers,
-            timeout=timeout or float(serving.get("timeout", 30)),
+            timeout=timeout or serving.timeout,
             log_format=log_format or "text",
             threads=threads or max(1, lim.cpus // workers) if on_cpu else (threads or lim.cpus),
             threads_set=threads is not None,
@@ -168,7 +168,7 @@ class Settings:
             drain_seconds=drain or DRAIN_SECONDS,
             batching=batch,
             limits=lim,
-            grpc_port=int(serving["grpc_port"]) if serving.get("grpc_port") else None,
+            grpc_port=serving.grpc_port,
             max_header_bytes=max_header or 64 * 1024,
             max_image_pixels=max_pixels or 40_000_000,
             verify_model=verify_model,
@@ -277,7 +277,7 @@ def _cache_dir(env: dict[str, str]) -> Path:
     return Path(raw)
 
 
-def _read_config(env: dict[str, str]) -> tuple[Path, dict[str, Any]]:
+def _read_config(env: dict[str, str]) -> tuple[Path, GpuxJson]:
     """gpux.json. Set by the user (GPUX_CONFIG), a bad file is their mistake: exit 2; the
     image's own file being bad is exit 1."""
     raw = env.get("GPUX_CONFIG", "")
@@ -293,14 +293,12 @@ def _read_config(env: dict[str, str]) -> tuple[Path, dict[str, Any]]:
     try:
         if path.exists() and not path.is_file():  # a folder, or a FIFO that would block forever
             raise fail("not a regular file")
-        spec = json.loads(path.read_bytes())
+        data = json.loads(path.read_bytes())
     except OSError as e:
         raise fail(e.strerror or str(e)) from None
     except (ValueError, RecursionError) as e:
         raise fail(f"not valid JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    if not isinstance(spec, dict):
-        raise fail("not a gpux.json (expected a JSON object)")
-    missing = [k for k in SPEC_KEYS if k not in spec]
-    if missing or not isinstance(spec["model"], dict) or "path" not in spec["model"]:
-        raise fail(f"not a gpux.json (it lacks {', '.join(missing) or 'model.path'})")
-    return path, spec
+    try:
+        return path, parse(data)
+    except ContractError as e:
+        raise fail(f"not this runtime's gpux.json: {e}") from None

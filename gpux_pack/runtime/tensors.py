@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
+from .contract import Tensor
 from .dtypes import BINARY_ONLY, DTYPES
 
 
@@ -321,10 +322,9 @@ class ServedTensor:
     encoded: bool = False  # BYTES of encoded media (an image): kept as bytes, not read as UTF-8 text
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ServedTensor":
-        shape = d.get("shape")
-        return cls(d["name"], d["type"], tuple(shape) if shape is not None else None, d.get("required", True),
-                   bool(d.get("encoded")))
+    def of(cls, t: Tensor, required: bool | None = None) -> "ServedTensor":
+        """gpux.json's entry; required: where a preprocessing step may feed it instead."""
+        return cls(t.name, t.type, t.shape, t.required if required is None else required, t.encoded)
 
     @property
     def datatype(self) -> str:

@@ -84,10 +84,9 @@ def run(model: Any, strict: bool = False) -> dict[str, Any]:
     model.publish_cache({"shapes": shapes, "seconds": round(seconds, 4), "partition": state["partition"],
                         "accuracy": state["accuracy"]})
     state.update(state="done", runs=len(runs), seconds=round(seconds, 4))
-    limits = model.spec.get("accuracy")
+    limits = model.spec.accuracy
     if limits and state["accuracy"] and reference is not None:
-        problem = caches.violation(state["accuracy"], reference[0], reference[1],
-                                   float(limits.get("atol", 0)), float(limits.get("rtol", 0)))
+        problem = caches.violation(state["accuracy"], reference[0], reference[1], limits.atol, limits.rtol)
         if problem:
             state.update(state="failed", error=problem)
             raise AccuracyError(problem)
@@ -110,7 +109,7 @@ def tune_threads(model: Any) -> dict[str, Any]:
         return model.threads
     if settings.threads_set or cpus < 2 or model.path is None:
         return current
-    if model.spec.get("runtime", {}).get("enable_profiling"):
+    if model.spec.runtime.enable_profiling:
         why = f"{every_cpu(cpus)}; runtime.enable_profiling keeps the profiled session"
         model.threads = {**current, "why": why}
         return model.threads
@@ -127,7 +126,7 @@ def tune_threads(model: Any) -> dict[str, Any]:
                                f"{every_cpu(cpus)}"}
         log.info("intra-op threads: %d (%s)", cpus, model.threads["why"])
         return model.threads
-    limits, size = settings.limits, int(model.spec["model"].get("size_bytes") or 0)
+    limits, size = settings.limits, model.spec.model.size_bytes
     if size > MAX_TUNE_BYTES or (limits is not None and size * 4 > limits.memory):
         model.threads = {"intra_op": cpus, "chosen": "rule", "run_ms": run_ms,
                         "why": f"a run takes {run_ms:g} ms on {cpus} threads (< {ONE_THREAD_MS:g} ms), but the "
@@ -171,11 +170,11 @@ def inline_run_bytes(model: Any, batching: bool) -> int:
 def _partition(model: Any) -> tuple[dict[str, int], list[str]]:
     events = model.end_profiling()
     if model.requested == ["CPUExecutionProvider"] and not events:  # not profiled: every node on CPU
-        nodes = model.spec["model"].get("nodes")
+        nodes = model.spec.model.nodes
         return ({"CPUExecutionProvider": int(nodes)} if nodes else {}), []
     if not events:
         return {}, []
-    return caches.partition(events, (model.spec["model"].get("nodes")))
+    return caches.partition(events, model.spec.model.nodes)
 
 def _accuracy(model: Any, runs: list[dict[str, np.ndarray]],
               answers: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, Any]:
@@ -187,7 +186,7 @@ def _accuracy(model: Any, runs: list[dict[str, np.ndarray]],
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    path = model.settings.root / model.spec["model"]["path"]
+    path = model.settings.root / model.spec.model.path
     cpu = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in model.outputs]
     bf16 = {s.name for s in (*model.inputs, *model.outputs) if s.dtype in BINARY_ONLY}

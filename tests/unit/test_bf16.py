@@ -55,7 +55,7 @@ def spec_folder(tmp_path: Path) -> Path:
     (folder / "model").mkdir(parents=True)
     for name in loaded.model.files:
         shutil.copy(loaded.model.path.parent / name, folder / "model" / name)
-    (folder / "gpux.json").write_text(json.dumps(plan.gpux_json))
+    (folder / "gpux.json").write_text(json.dumps(plan.gpux_json.to_json()))
     return folder
 
 
@@ -85,8 +85,8 @@ X = np.array([[1.5, -2.25, 3.0, 0.1], [0.0, 1.0, -7.5, 1e30], [65504, -0.001, 3.
 
 def test_build_accepts_bf16_and_metadata_says_bf16(bf16):
     spec = bf16.app.model.spec  # the gpux.json the build planned
-    assert [(t["name"], t["type"]) for t in spec["inputs"]] == [("x", "bfloat16")]
-    assert [(t["name"], t["type"]) for t in spec["outputs"]] == [("y", "bfloat16"), ("z", "float32")]
+    assert [(t.name, t.type) for t in spec.inputs] == [("x", "bfloat16")]
+    assert [(t.name, t.type) for t in spec.outputs] == [("y", "bfloat16"), ("z", "float32")]
     status, meta, _ = bf16.request("GET", "/v2/models/bf16")
     assert status == 200
     assert [(t["name"], t["datatype"]) for t in meta["inputs"] + meta["outputs"]] == [

@@ -17,7 +17,7 @@ OPTS = {"device_type": "CPU", "cache_dir": "${GPUX_CACHE_DIR}/openvino"}
 
 
 def parts(**change):
-    p = caches.key_parts(SPEC, "OpenVINOExecutionProvider", OPTS, [{"x": [1, 4]}], "1.24.1",
+    p = caches.key_parts(SPEC["model"]["sha256"], "OpenVINOExecutionProvider", OPTS, [{"x": [1, 4]}], "1.24.1",
                        device="cpu: Test CPU [avx2 fma]", libraries={"onnxruntime-openvino": "1.24.1"})
     return {**p, **change}
 

@@ -67,7 +67,7 @@ def pair(tmp_path_factory):
 
     folder = _project(tmp_path_factory.mktemp("gpux"))
     loaded = load(folder)
-    spec = plan_for(loaded, "cpu", "test", Options(), None, Reporter(quiet=True), pull=False).gpux_json
+    spec = plan_for(loaded, "cpu", "test", Options(), None, Reporter(quiet=True), pull=False).gpux_json.to_json()
     spec["model"]["path"] = str(folder / "model.onnx")
     image = tmp_path_factory.mktemp("image")
     (image / "gpux.json").write_text(json.dumps(spec))
@@ -214,7 +214,7 @@ def test_openapi_is_valid_and_the_servers_answers_match_it(example, tmp_path):
     status, doc, headers = client.request("GET", "/openapi.json")
     assert status == 200 and doc["openapi"] == "3.1.0"
     validate(doc)
-    for path in ("/health", "/info", "/v2", "/v2/health/ready", f"/v2/models/{app.model.spec['name']}"):
+    for path in ("/health", "/info", "/v2", "/v2/health/ready", f"/v2/models/{app.model.spec.name}"):
         status, body, _ = client.request("GET", path)
         _check(doc, _response_schema(doc, path), body)
     request = _example(doc, doc["components"]["schemas"]["PredictRequest"])

@@ -36,6 +36,7 @@ from gpux_pack.plan import (
     with_lock,
 )
 from gpux_pack.providers import DEVICES, BaseImage, Devices, HostInfo, devices_for
+from gpux_pack.runtime import contract
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Lock, Pin
 
@@ -402,12 +403,12 @@ def test_ort_version_unknown_before_the_lock_and_pinned_after(make, name, cuda):
     plan = make(name, cuda)
     assert plan.ort_version == "unknown"
     assert plan.labels["io.gpux.onnxruntime.version"] == "unknown"
-    assert plan.gpux_json["onnxruntime"] == "unknown"
+    assert plan.gpux_json.onnxruntime == "unknown"
     assert plan.runtime_base.ort_version == row(name, cuda).version  # the table's, before the lock
     locked = with_lock(plan, lock_for(plan, "9.9.9"))
     assert locked.ort_version == locked.runtime_base.ort_version == "9.9.9"
     assert locked.labels["io.gpux.onnxruntime.version"] == "9.9.9"
-    assert locked.gpux_json["onnxruntime"] == "9.9.9"
+    assert locked.gpux_json.onnxruntime == "9.9.9"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -490,7 +491,8 @@ def test_runtime_base_labels(name, cuda):
 def test_gpux_json(make, name, cuda):
     plan = make(name, cuda)
     provider = row(name, cuda)
-    doc = plan.gpux_json
+    doc = plan.gpux_json.to_json()
+    assert contract.parse(json.loads(json.dumps(doc))) == plan.gpux_json  # written, then read as the runtime reads it
     assert doc["provider"] == name
     assert doc["execution_providers"][0][0] == provider.ep == EPS[name]
     assert [ep for ep, _ in doc["execution_providers"]] == list(provider.execution_providers)
@@ -529,7 +531,7 @@ def test_execution_providers_memory_limit_and_device_id(make, name, cuda):
             assert opts["device_id"] == "3"
         else:
             assert "device_id" not in opts
-    assert plan.gpux_json["execution_providers"] == plan.execution_providers
+    assert [list(entry) for entry in plan.gpux_json.execution_providers] == plan.execution_providers
 
 
 @pytest.mark.parametrize(("name", "cuda"), GPU_ROWS)
@@ -553,7 +555,7 @@ def test_openvino_load_config(make, openvino, expected):
     [(ep, opts), (cpu, _)] = plan.execution_providers
     assert (ep, cpu) == ("OpenVINOExecutionProvider", "CPUExecutionProvider")
     assert json.loads(opts["load_config"]) == expected
-    assert plan.gpux_json["plugin"]["device"] == next(iter(expected))
+    assert plan.gpux_json.plugin.device == next(iter(expected))
 
 
 def test_provider_options_by_short_or_ep_name(make):

@@ -18,6 +18,7 @@ from gpux_pack.errors import ConfigError, UsageError
 from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.plan import Options
 from gpux_pack.project import preprocess
+from gpux_pack.runtime.contract import ImageStep
 from gpux_pack.runtime.server import App
 from gpux_pack.runtime.session import Model
 from gpux_pack.ui import Reporter
@@ -40,7 +41,7 @@ def _image_folder(tmp_path: Path, project: Path) -> Path:
     shutil.copy(project / "model.onnx", folder / "model" / "model.onnx")
     for name, path in plan.assets:
         shutil.copy(path, folder / "assets" / name)
-    (folder / "gpux.json").write_text(json.dumps(plan.gpux_json))
+    (folder / "gpux.json").write_text(json.dumps(plan.gpux_json.to_json()))
     return folder
 
 
@@ -63,19 +64,19 @@ def served(tmp_path_factory) -> Client:
 def test_the_plan_serves_text_bakes_the_tokenizer_and_adds_its_library(tmp_path):
     project = text_project.make(tmp_path / "p")
     plan = _plan(project)
-    spec = plan.gpux_json
+    spec = plan.gpux_json.to_json()
     text = spec["preprocessing"]["text"]
     assert text["input"] == "text" and text["file"] == "assets/tokenizer.json" and text["max_length"] == 16
     assert [f["name"] for f in text["feeds"]] == ["input_ids", "attention_mask", "token_type_ids"]
-    assert spec["inputs"][0] == {"name": "text", "type": "string", "shape": None, "required": False,
-                                 "max_length": 16}
+    assert plan.gpux_json.inputs[0].entry() == {"name": "text", "type": "string", "shape": None, "required": False,
+                                                "max_length": 16}
     assert "tokenizers>=0.15" in plan.requirements and plan.excludes == ("huggingface-hub",)
     assert plan.assets == (("tokenizer.json", (project / "tokenizer.json").resolve()),)
     assert spec["outputs"][0]["labels"] == ["negative", "positive"]
     # an image without preprocessing carries neither the library nor the layer
     plain = plan_for(load(ROOT / "examples" / "mlp"), "cpu", "test", Options(), None, Reporter(quiet=True), pull=False)
     assert not plain.assets and not any(r.startswith("tokenizers") for r in plain.requirements)
-    assert plain.gpux_json["preprocessing"] is None
+    assert plain.gpux_json.preprocessing is None
 
 
 def test_token_ids_fed_equal_the_tokenizers_library_s_own(served):
@@ -538,7 +539,7 @@ def test_token_inputs_named_otherwise_are_fed_by_their_role(tmp_path):
         node.input[:] = [renames.get(name, name) for name in node.input]
     onnx.save(model, str(project / "model.onnx"))
     plan = _plan(project)
-    assert [(f["role"], f["name"]) for f in plan.gpux_json["preprocessing"]["text"]["feeds"]] == \
+    assert [(f.role, f.name) for f in plan.gpux_json.preprocessing.text.feeds] == \
         [("input_ids", "ids"), ("attention_mask", "mask"), ("token_type_ids", "token_type_ids")]
     client = _client(_image_folder(tmp_path, project))
     status, answer, _ = client.request("POST", "/predict", {"text": "I love it"})
@@ -578,9 +579,9 @@ def test_a_long_text_is_cut_before_it_is_tokenized(served, tmp_path):
 
 _PEAK_PROBE = r"""
 import json, sys
+from gpux_pack.runtime.contract import ImageStep
 from gpux_pack.runtime.preprocess import Image
-step = Image({"input": "image", "feed": "x", "type": "float32", "layout": "NCHW", "size": [32, 32], "resize": [32, 32],
-              "crop": None, "letterbox": False, "scale": 1 / 255, "mean": None, "std": None})
+step = Image(ImageStep("image", "x", "float32", "NCHW", (32, 32), (32, 32), None, False, 114, 1 / 255, None, None, None))
 step.one(open(sys.argv[2], "rb").read(), "warm")  # the libraries' first use is not the image's
 data = open(sys.argv[1], "rb").read()
 charged = []
@@ -640,9 +641,8 @@ def test_hostile_bytes_are_a_request_error_never_a_crash():
 
     wav = audio_project.wav(audio_project.tone(8000, 0.05), 8000, 24)
     png = picture(width=8, height=8)
-    image = preprocess.Image({"input": "image", "feed": "input", "type": "float32", "layout": "NCHW", "size": [8, 8],
-                              "resize": [8, 8], "crop": None, "letterbox": False, "scale": 1 / 255, "mean": None,
-                              "std": None}, max_pixels=1 << 20)
+    image = preprocess.Image(ImageStep("image", "input", "float32", "NCHW", (8, 8), (8, 8), None, False, 114, 1 / 255,
+                                       None, None, None), max_pixels=1 << 20)
 
     @hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.one_of(st.binary(max_size=256), st.tuples(st.integers(0, 400), st.binary(min_size=1, max_size=8))))

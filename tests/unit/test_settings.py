@@ -100,7 +100,7 @@ def test_bad_config_file(tmp_path, monkeypatch):
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "other.json").write_text('{"name": "x"}')
     cases = [(tmp_path, "not a regular file"), (tmp_path / "broken.json", "not valid JSON"),
-             (tmp_path / "other.json", "not a gpux.json (it lacks version, model")]
+             (tmp_path / "other.json", "not this runtime's gpux.json: format None is not this runtime's (2)")]
     for path, words in cases:
         with pytest.raises(ConfigurationError, match=re.escape(f"GPUX_CONFIG={path}: {words}")):
             Settings.load({"GPUX_CONFIG": str(path)})

@@ -125,7 +125,7 @@ def test_one_table_row_is_a_new_provider(fake_provider, tmp_path):
     plan = with_lock(plan, Lock(plan.target, plan.requirements, (Pin("onnxruntime-rocm", "1.22.2.post3",
                                                                       frozenset({"0" * 64})),)))
     assert plan.tag.endswith("-fakeep") and plan.runtime_base.tag.startswith("gpux-pack/runtime-fakeep:")
-    spec = plan.gpux_json
+    spec = plan.gpux_json.to_json()
     assert spec["execution_providers"][0] == ["FakeepExecutionProvider", {"device_id": "0"}]
     assert spec["provider_names"]["fakeep"] == "FakeepExecutionProvider"
 

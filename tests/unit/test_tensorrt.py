@@ -91,9 +91,9 @@ def test_the_defaults_set_no_workspace_profiles_or_ep_context(tmp_path):
 def test_the_warmup_key_has_the_options_without_cache_paths_and_the_device(tmp_path):
     opts = trt_options(tmp_path, "  tensorrt:\n    fp16: true\n    workspace: 1GB\n    ep_context: true\n"
                                  "    profiles: {x: {min: [1, 3], opt: [8, 3], max: [64, 3]}}\n")
-    spec = {"model": {"sha256": "ab" * 32}}
+    sha256 = "ab" * 32
     libs = {"onnxruntime-gpu": "1.31.1"}
-    parts = caches.key_parts(spec, "TensorrtExecutionProvider", opts, [{"x": [1, 3]}], "1.31.1", device=H100,
+    parts = caches.key_parts(sha256, "TensorrtExecutionProvider", opts, [{"x": [1, 3]}], "1.31.1", device=H100,
                            libraries=libs)
     assert parts["device"] == H100 and parts["libraries"] == libs and parts["provider"] == "TensorrtExecutionProvider"
     assert parts["options"] == {  # sorted; where a cache lives is not what it holds
@@ -110,10 +110,10 @@ def test_the_warmup_key_has_the_options_without_cache_paths_and_the_device(tmp_p
         "trt_timing_cache_enable": "true",
     }
     assert list(parts["options"]) == sorted(parts["options"])
-    moved = caches.key_parts(spec, "TensorrtExecutionProvider", {**opts, "trt_engine_cache_path": "${GPUX_CACHE_DIR}/x"},
+    moved = caches.key_parts(sha256, "TensorrtExecutionProvider", {**opts, "trt_engine_cache_path": "${GPUX_CACHE_DIR}/x"},
                            [{"x": [1, 3]}], "1.31.1", device=H100, libraries=libs)
     assert caches.digest(moved) == caches.digest(parts)
-    other_gpu = caches.key_parts(spec, "TensorrtExecutionProvider", opts, [{"x": [1, 3]}], "1.31.1",
+    other_gpu = caches.key_parts(sha256, "TensorrtExecutionProvider", opts, [{"x": [1, 3]}], "1.31.1",
                                device=H100.replace("H100 80GB HBM3 sm90", "A100-SXM4-80GB sm80"), libraries=libs)
     assert caches.digest(other_gpu) != caches.digest(parts) and caches.short(parts).startswith("sm90-")
 

@@ -13,7 +13,7 @@ import pytest
 
 from gpux_pack.pipeline.build import load, plan_for
 from gpux_pack.plan import Options, tensorrt_profiles, with_lock
-from gpux_pack.runtime import caches
+from gpux_pack.runtime import caches, contract
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Lock, Pin
 
@@ -30,13 +30,13 @@ def trt_spec(tmp_path: Path, example: str = "mlp", pack: str = "") -> dict:
     loaded = load(project)
     plan = plan_for(loaded, "tensorrt", "test", Options(), None, Reporter(quiet=True), pull=False)
     plan = with_lock(plan, Lock(plan.target, plan.requirements, (Pin("onnxruntime-gpu", "1.31.1", frozenset({"0" * 64})),)))
-    assert plan.gpux_json["onnxruntime"] == "1.31.1"
-    return json.loads(json.dumps(plan.gpux_json))  # as the image reads it
+    assert plan.gpux_json.onnxruntime == "1.31.1"
+    return contract.parse(json.loads(json.dumps(plan.gpux_json.to_json())))  # as the image reads it
 
 
 def test_a_dynamic_batch_gets_a_derived_profile_and_exact_options(tmp_path):
     spec = trt_spec(tmp_path)
-    name, opts = spec["execution_providers"][0]
+    name, opts = spec.execution_providers[0]
     assert name == "TensorrtExecutionProvider"
     assert opts == {
         "device_id": "0",
@@ -46,14 +46,14 @@ def test_a_dynamic_batch_gets_a_derived_profile_and_exact_options(tmp_path):
         "trt_profile_min_shapes": "features:1x4", "trt_profile_opt_shapes": "features:1x4",
         "trt_profile_max_shapes": "features:32x4",
     }  # exactly these: no option more, none less
-    assert spec["warmup_profiles"] == {"features": {"min": [1, 4], "opt": [1, 4], "max": [32, 4]}}
+    assert contract.dump(spec.warmup_profiles) == {"features": {"min": [1, 4], "opt": [1, 4], "max": [32, 4]}}
     assert caches.warmup_shapes(spec) == [{"features": [1, 4]}, {"features": [1, 4]}, {"features": [1, 4]}, {"features": [32, 4]}]
 
 
 def test_given_profiles_precision_and_ep_context(tmp_path):
     spec = trt_spec(tmp_path, pack="  tensorrt:\n    fp16: true\n    ep_context: true\n    profiles:\n"
                                    "      features: {min: [1, 4], opt: [8, 4], max: [64, 4]}\n")
-    opts = dict(spec["execution_providers"])["TensorrtExecutionProvider"]
+    opts = dict(spec.execution_providers)["TensorrtExecutionProvider"]
     assert (opts["trt_profile_min_shapes"], opts["trt_profile_opt_shapes"], opts["trt_profile_max_shapes"]) == \
         ("features:1x4", "features:8x4", "features:64x4")
     assert opts["trt_fp16_enable"] == "true"
@@ -68,12 +68,12 @@ def test_given_profiles_precision_and_ep_context(tmp_path):
 
 def test_the_key_names_what_an_engine_depends_on(tmp_path):
     spec = trt_spec(tmp_path)
-    opts = dict(spec["execution_providers"])["TensorrtExecutionProvider"]
+    opts = dict(spec.execution_providers)["TensorrtExecutionProvider"]
     libs = {"onnxruntime-gpu": "1.31.1", "tensorrt-cu13-libs": "10.14.1"}
-    parts = caches.key_parts(spec, "TensorrtExecutionProvider", opts, caches.warmup_shapes(spec), "1.31.1", device=H200,
+    parts = caches.key_parts(spec.model.sha256, "TensorrtExecutionProvider", opts, caches.warmup_shapes(spec), "1.31.1", device=H200,
                            libraries=libs)
     assert parts["device"] == H200 and parts["libraries"] == libs
-    assert parts["model_sha256"] == spec["model"]["sha256"] and parts["onnxruntime"] == "1.31.1"
+    assert parts["model_sha256"] == spec.model.sha256 and parts["onnxruntime"] == "1.31.1"
     assert parts["options"]["trt_profile_max_shapes"] == "features:32x4"
     assert "trt_engine_cache_path" not in parts["options"]  # where the cache lives is not what it holds
     assert parts["shapes"][-1] == {"features": [32, 4]}
