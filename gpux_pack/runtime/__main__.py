@@ -74,16 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 0 when it is alive, ready or not (a liveness probe: warmup may take minutes)")
     bench = sub.add_parser("bench", help="time session.run on generated inputs; prints p50/p99 as JSON")
     bench.add_argument("--runs", type=int, default=100, help="timed runs (1 to 100000)")
-    sub.add_parser("linkcheck", help="check that a provider's shared libraries resolve", add_help=False)
-    args, rest = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     command = args.command or "serve"
-    if command == "linkcheck":
-        from .linkcheck import main as linkcheck
-
-        return linkcheck(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-
     if command == "healthcheck":
         return _healthcheck("/v2/health/live" if args.live else "/health")
     return _command(command, args)

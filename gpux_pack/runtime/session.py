@@ -10,6 +10,8 @@ import contextlib
 import io
 import json
 import logging
+import os
+import re
 import shutil
 import tempfile
 import time
@@ -149,7 +151,8 @@ class Model:
         active = list(session.get_providers())
         primary = requested[0]
         if primary not in active:
-            reason = plugin.refusal or ("not in this onnxruntime build" if primary not in available else _diagnose(spec))
+            reason = plugin.refusal or ("not in this onnxruntime build" if primary not in available
+                                        else diagnose(spec.libraries, spec.run_flags))
             message = f"{primary} is not active ({reason}); active providers: {', '.join(active)}"
             if settings.require_provider:
                 raise StartupError(f"GPUX_REQUIRE_PROVIDER=1: {message}")
@@ -436,26 +439,63 @@ def _threads_at_load(settings: Settings) -> dict[str, Any]:
     return {"intra_op": n, "chosen": "cpus", "why": f"{every_cpu(n)}; no run timed (warmup applies the rule)"}
 
 
-def _diagnose(spec: GpuxJson) -> str:
-    """Why an available provider did not start: a missing library (the driver's ones included,
-    which the build-time check leaves to the host), else no device."""
-    from .linkcheck import check
-
-    libs = spec.libraries
+def diagnose(libs: contract.Libraries, flags: str | None) -> str:
+    """Why an available provider did not start, in the dynamic loader's own words: its libraries
+    are opened here as ONNX Runtime opens them, and the first that fails names what is missing.
+    A library of the driver's (which the build-time check leaves to the host) gets the `docker
+    run` flags (gpux.json's run_flags) that bring it; when every library opens, no device was
+    found. Never raises."""
     try:
-        problems = check(list(libs.libs), list(libs.dlopen), list(libs.dirs), [],
-                         spec.execution_providers[0][0] if spec.execution_providers else "?", quiet=True)
+        errors = _load_errors(list(libs.libs), list(libs.dlopen), list(libs.dirs))
     except Exception as e:  # diagnosis must never stop the server
-        return f"cannot tell why: {e}"
+        return f"cannot tell why: {last_line(e)}"
     driver = set(libs.driver)
-    flags = spec.run_flags
-    own = [p for p in problems if p.split(" ", 1)[0] not in driver]
+    own = [error for error in errors if _cannot_open(error) not in driver]
     if own:  # the image itself lacks a library: no docker run flag fixes that
         return own[0]
-    if problems:
-        missing = problems[0].split(" ", 1)[0]
-        return f"the GPU driver's {missing} is not in the container; start it with {flags}" if flags else missing
+    if errors:
+        missing = _cannot_open(errors[0])
+        return f"the GPU driver's {missing} is not in the container; start it with {flags}" if flags else errors[0]
     return f"its libraries load but no device was found; start the container with {flags}" if flags else "no device"
+
+
+def _load_errors(libs: list[str], dlopen: list[str], dirs: list[str]) -> list[str]:
+    """The loader's message for each of a provider's libraries that does not open, in order.
+    First, as ONNX Runtime does, onnxruntime/capi's libonnxruntime_providers_shared.so with its
+    symbols global (provider libraries take Provider_GetHost from it). Then the provider's own
+    libraries (a name: in onnxruntime/capi; a relative path: in site-packages, a plugin EP's),
+    then those it opens by name at run time: from onnxruntime/capi or a folder the runtime
+    preloads from (dirs: site-packages globs) where one holds the file, else by name, through
+    the loader's own search (LD_LIBRARY_PATH, ld.so.cache, libraries already loaded)."""
+    import ctypes
+
+    import onnxruntime
+
+    site = Path(onnxruntime.__file__).parent.parent
+    capi = site / "onnxruntime" / "capi"
+    folders = [capi, *sorted({d for pattern in dirs for d in site.glob(pattern) if d.is_dir()})]
+    shared = capi / "libonnxruntime_providers_shared.so"
+    opens = [(str(shared), ctypes.RTLD_GLOBAL)] if shared.is_file() else []
+    opens += [(str(site / lib if "/" in lib else capi / lib), ctypes.DEFAULT_MODE) for lib in libs]
+    opens += [(next((str(d / name) for d in folders if (d / name).is_file()), name), ctypes.DEFAULT_MODE)
+              for name in dlopen]
+    errors = []
+    for path, mode in opens:
+        try:
+            ctypes.CDLL(path, mode=mode)
+        except OSError as e:
+            errors.append(last_line(e))
+    return errors
+
+
+_CANNOT_OPEN = re.compile(r"(\S+?): cannot open shared object file")
+
+
+def _cannot_open(error: str) -> str:
+    """The file name of the library a loader message says it cannot open ("libcublasLt.so.12:
+    cannot open shared object file: ..." names the missing dependency), else ''."""
+    m = _CANNOT_OPEN.match(error)
+    return os.path.basename(m.group(1)) if m else ""
 
 
 def last_line(e: Exception) -> str:

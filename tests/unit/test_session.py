@@ -4,6 +4,8 @@ intra-op thread rule, and what the runtime imports."""
 from __future__ import annotations
 
 import gc
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -12,7 +14,8 @@ import onnxruntime as ort
 import pytest
 
 from gpux_pack.runtime import warmup
-from gpux_pack.runtime.session import Model
+from gpux_pack.runtime.contract import Libraries
+from gpux_pack.runtime.session import Model, diagnose
 from gpux_pack.runtime.settings import Settings, StartupError
 from gpux_pack.runtime.server import App
 
@@ -57,6 +60,85 @@ def test_warmup_never_is_ready_at_once(tmp_path):
     app = App(Model.load(settings(spec_dir(tmp_path, "mlp", warmup="never"))))
     app.start_warmup()
     assert app.ready.is_set() and app.model.warmup_state == {"state": "skipped"}
+
+
+def _libraries(run_flags: str | None = "--gpus all", **libraries: list[str]) -> tuple[Libraries, str | None]:
+    """gpux.json's parts diagnose reads, for a provider started with `--gpus all` by default."""
+    return Libraries(**{k: tuple(v) for k, v in libraries.items()}), run_flags
+
+
+def test_diagnose_says_no_device_when_every_library_loads():
+    """onnxruntime's own provider library, and one opened by name through the loader's search."""
+    libs = dict(libs=["libonnxruntime_providers_shared.so"], dlopen=["libc.so.6"])
+    assert diagnose(*_libraries(**libs)) == "its libraries load but no device was found; start the container with --gpus all"
+    assert diagnose(*_libraries(None, **libs)) == "no device"
+
+
+@pytest.fixture
+def fake_site(tmp_path, monkeypatch):
+    """A site-packages whose onnxruntime/capi holds libgpuxprov.so, which needs libgpuxdep.so
+    (RUNPATH $ORIGIN) that is not there, and whose nvidia/x/lib holds libgpuxwheel.so.
+    Names no other test loads: the process's loader remembers what it opened."""
+    if not shutil.which("gcc"):
+        pytest.fail("gcc is needed to compile the test libraries")
+    capi, wheel = tmp_path / "onnxruntime" / "capi", tmp_path / "nvidia" / "x" / "lib"
+    capi.mkdir(parents=True)
+    wheel.mkdir(parents=True)
+    (tmp_path / "onnxruntime" / "__init__.py").write_text("")
+    (tmp_path / "dep.c").write_text("int dep(void) { return 1; }\n")
+    (tmp_path / "prov.c").write_text("int dep(void); int prov(void) { return dep() + 1; }\n")
+    run = lambda *args: subprocess.run(args, cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    run("gcc", "-shared", "-fPIC", "-o", capi / "libgpuxdep.so", "dep.c")
+    run("gcc", "-shared", "-fPIC", "-o", capi / "libgpuxprov.so", "prov.c", f"-L{capi}", "-lgpuxdep",
+        "-Wl,-rpath,$ORIGIN")
+    run("gcc", "-shared", "-fPIC", "-o", wheel / "libgpuxwheel.so", "dep.c")
+    (capi / "libgpuxdep.so").unlink()
+    monkeypatch.setattr(ort, "__file__", str(tmp_path / "onnxruntime" / "__init__.py"))
+    return tmp_path
+
+
+def test_diagnose_reports_the_loaders_own_words(fake_site):
+    """The loader's message names the missing dependency, not the provider library asking for it."""
+    reason = diagnose(*_libraries(libs=["libgpuxprov.so"]))
+    assert reason.startswith("libgpuxdep.so: cannot open shared object file"), reason
+    # a library of the driver's: the docker run flags that bring it, or the loader's words without them
+    driver = dict(libs=["libgpuxprov.so"], driver=["libgpuxdep.so"])
+    assert diagnose(*_libraries(**driver)) == \
+        "the GPU driver's libgpuxdep.so is not in the container; start it with --gpus all"
+    assert diagnose(*_libraries(None, **driver)).startswith("libgpuxdep.so: cannot open shared object file")
+    # the image's own missing library wins over the driver's: no docker run flag fixes it
+    both = dict(libs=["libgpuxprov.so"], dlopen=["libgpuxgone.so.1"], driver=["libgpuxdep.so"])
+    assert diagnose(*_libraries(**both)).startswith("libgpuxgone.so.1: cannot open shared object file")
+    # a provider library onnxruntime lacks: its path in capi
+    assert diagnose(*_libraries(libs=["libgpuxnone.so"])).startswith(
+        f"{fake_site}/onnxruntime/capi/libgpuxnone.so: cannot open shared object file")
+
+
+def test_diagnose_opens_by_name_from_the_folders_the_runtime_preloads(fake_site):
+    """dlopen names: from a `dirs` folder (site-packages globs) that holds the file, else by name
+    through the loader's search, which does not know the wheel's folder."""
+    assert diagnose(*_libraries(dlopen=["libgpuxwheel.so"])).startswith(
+        "libgpuxwheel.so: cannot open shared object file")
+    assert diagnose(*_libraries(dlopen=["libgpuxwheel.so"], dirs=["nvidia/*/lib"])).startswith(
+        "its libraries load but no device was found")
+
+
+def test_diagnose_opens_onnxruntimes_shared_library_first_with_its_symbols_global(fake_site):
+    """A provider library takes symbols (Provider_GetHost) from libonnxruntime_providers_shared.so,
+    which ONNX Runtime loads first with RTLD_GLOBAL; opened alone it would fail on them."""
+    capi = fake_site / "onnxruntime" / "capi"
+    (fake_site / "host.c").write_text("int gpux_test_host(void) { return 1; }\n")
+    (fake_site / "guest.c").write_text("int gpux_test_host(void); int guest(void) { return gpux_test_host(); }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", capi / "libgpuxguest.so", "guest.c"], cwd=fake_site, check=True)
+    alone = diagnose(*_libraries(libs=["libgpuxguest.so"]))
+    assert alone.endswith("libgpuxguest.so: undefined symbol: gpux_test_host"), alone
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", capi / "libonnxruntime_providers_shared.so", "host.c"],
+                   cwd=fake_site, check=True)
+    assert diagnose(*_libraries(libs=["libgpuxguest.so"])).startswith("its libraries load but no device was found")
+
+
+def test_diagnose_never_raises():
+    assert diagnose(Libraries(dirs=(None,)), None).startswith("cannot tell why: ")  # type: ignore[arg-type]
 
 
 def test_runtime_imports_only_its_own_libraries():
