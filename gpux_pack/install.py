@@ -6,11 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpux_pack import wheels
+from gpux_pack import linkcheck, wheels
 from gpux_pack.errors import BuildError
 from gpux_pack.plan import RuntimeBase
 from gpux_pack.runtime.paths import SITE
-from gpux_pack.runtime import linkcheck
 from gpux_pack.ui import Reporter
 
 

@@ -163,7 +163,7 @@ class RuntimeBase:
     @cached_property
     def tag(self) -> str:
         """A digest of everything that makes it: base image, lock, install format, link check,
-        templates, runtime sources, gpux-pack version."""
+        templates, runtime sources and the link check script (sources.shipped), gpux-pack version."""
         assert self.lock is not None, "the tag names the lock: plan.with_lock first"
         h = hashlib.sha256()
         parts = [__version__, INSTALL_FORMAT, self.provider.name, self.base.image, self.base.id, self.base.python,

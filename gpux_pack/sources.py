@@ -1,6 +1,6 @@
-"""What gpux-pack ships into every image besides packages: the runtime's sources and the
-Dockerfile templates. The plan hashes them into the runtime base image's tag; the Dockerfile
-and the context read them from here."""
+"""What gpux-pack ships into every image besides packages: the runtime's sources, the link
+check script and the Dockerfile templates. The plan hashes them into the runtime base image's
+tag; the Dockerfile and the context read them from here."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from importlib import resources
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"  # becomes gpux_runtime in the image
+# The packager's link check, shipped beside gpux_runtime (not in it): a runtime base image whose
+# libraries come from an apt step runs it as a script in its build (image/layout.LINKCHECK).
+LINKCHECK_SCRIPT = Path(__file__).resolve().parent / "linkcheck.py"
 
 
 def templates_dir() -> Path:
@@ -23,5 +26,7 @@ def runtime_files() -> list[Path]:
 
 
 def shipped() -> list[tuple[str, bytes]]:
-    """(name, bytes) of the runtime's sources, then of the templates, in a fixed order."""
-    return [(src.name, src.read_bytes()) for src in [*runtime_files(), *sorted(templates_dir().glob("*.j2"))]]
+    """(name, bytes) of the runtime's sources, the link check script, then the templates, in a
+    fixed order."""
+    files = [*runtime_files(), LINKCHECK_SCRIPT, *sorted(templates_dir().glob("*.j2"))]
+    return [(src.name, src.read_bytes()) for src in files]

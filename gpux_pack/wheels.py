@@ -31,6 +31,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from gpux_pack import staging
+from gpux_pack.linkcheck import ElfInfo
 from gpux_pack.runtime.paths import SITE
 from gpux_pack.staging import cache_dir, remove, temp_path, touch
 from gpux_pack.errors import WheelError
@@ -612,8 +613,6 @@ def _without_host_facts(site: Path, info: Path) -> list[str]:
 
 def _unlinked_libraries(site: Path) -> list[str]:
     """Remove UNLINKED libraries that no shared object in the tree names in DT_NEEDED."""
-    from gpux_pack.runtime.linkcheck import ElfInfo
-
     needed: set[str] = set()
     for so in site.rglob("*.so*"):
         if so.is_file():

@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterable, Iterator
 from gpux_pack import staging
 from gpux_pack.engine import base_image, container_labels, remove_container, remove_leftovers, short_error
 from gpux_pack.errors import DockerError, PackError, UsageError
+from gpux_pack.linkcheck import MACHINES, TRIPLETS, ElfInfo, Tree, arch_of, system_dirs
 from gpux_pack.providers import BaseImage
-from gpux_pack.runtime.linkcheck import MACHINES, TRIPLETS, ElfInfo, Tree, arch_of, system_dirs
 from gpux_pack.staging import cache_dir, touch
 
 ARCHES = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}

@@ -22,12 +22,12 @@ from typing import IO, Iterator
 
 from gpux_pack.errors import PackError, UsageError
 from gpux_pack.image import layer_tar
-from gpux_pack.image.layout import LAYERS, Layer
+from gpux_pack.image.layout import LAYERS, LINKCHECK, Layer
 from gpux_pack.plan import UID, Plan
 from gpux_pack.project.preprocess import read_tokenizer
 from gpux_pack.project.skeleton import external_form
 from gpux_pack.runtime.paths import APP_DIR
-from gpux_pack.sources import runtime_files
+from gpux_pack.sources import LINKCHECK_SCRIPT, runtime_files
 from gpux_pack.wheels import Installed, bytecode
 
 MTIME = layer_tar.MTIME
@@ -159,7 +159,7 @@ def runtime_base_context(installed: Installed, dockerfile: str) -> Context:
 
 def _runtime_base_entries(installed: Installed) -> list[Entry]:
     """The packages (executables keep 0o755: shared libraries, as pip installs them), the
-    runtime (and its bytecode) and the cache folder."""
+    runtime (and its bytecode) with the link check script beside it, and the cache folder."""
     site, runtime = LAYERS["packages"].lands, LAYERS["runtime"].lands
     packages = [_file(f"{site}/{path.relative_to(installed.path).as_posix()}", source=path,
                       mode=0o755 if path.stat().st_mode & 0o111 else 0o644)
@@ -167,6 +167,7 @@ def _runtime_base_entries(installed: Installed) -> list[Entry]:
     code = [_file(f"{runtime}/{src.name}", source=src) for src in runtime_files()]
     if installed.compiled:
         code += [_file(f"{runtime}/{name}", data=data) for name, data in bytecode(runtime_files(), runtime)]
+    code.append(_file(LINKCHECK, source=LINKCHECK_SCRIPT))  # run as a script by the build: no bytecode
     cache = LAYERS["cache"]
     return [layer(LAYERS["packages"], packages), layer(LAYERS["runtime"], code),
             Entry(cache.source, members=tuple(cache_members()))]

@@ -20,14 +20,13 @@ from typing import Any
 import jinja2
 
 from gpux_pack import __version__
-from gpux_pack.image.layout import LAYERS
+from gpux_pack.image.layout import LAYERS, LINKCHECK
 from gpux_pack.plan import PYTHON, ImageConfig, Plan, RuntimeBase
 from gpux_pack.runtime.paths import APP_DIR, SITE
 from gpux_pack.providers import Provider
 from gpux_pack.reference import parse_reference
 from gpux_pack.sources import templates_dir
 
-LINKCHECK = f"{LAYERS['runtime'].lands}/linkcheck.py"
 # Every character some parser or editor takes as the end of a line (str.splitlines' set).
 LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _CONTINUATION = " \\\n"  # what label_lines itself writes between key="value" pairs

@@ -42,6 +42,10 @@ LAYERS: dict[str, Layer] = {
         Layer("warm", BAKED_DIR),  # a baked warmup cache (gpux-pack warmup)
     )
 }
+# The link check script (gpux_pack/linkcheck.py) lands in the runtime's layer beside gpux_runtime,
+# not inside it: the runtime never imports it; a runtime base image's build runs it where the
+# provider's libraries come from an apt step (plan link_check "image").
+LINKCHECK = f"{LAYERS['runtime'].lands.rsplit('/', 1)[0]}/linkcheck.py"
 RUNTIME_BASE = ("packages", "runtime", "cache")  # a runtime base image's layers, in order
 MODEL = ("model", "config")  # what a model image adds on its runtime base image
 

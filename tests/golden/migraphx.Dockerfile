@@ -25,7 +25,7 @@ ADD runtime.tar /
 ADD cache.tar /
 # The link check, here because the host cannot see what apt installs: the provider's libraries
 # must resolve, or the build fails naming the missing one (not a silent CPU fallback).
-RUN python3 /opt/gpux/runtime/gpux_runtime/linkcheck.py --provider MIGraphXExecutionProvider --lib libonnxruntime_providers_migraphx.so --hint 'use a ROCm 7.2 base image with the migraphx package'
+RUN python3 /opt/gpux/runtime/linkcheck.py --provider MIGraphXExecutionProvider --lib libonnxruntime_providers_migraphx.so --hint 'use a ROCm 7.2 base image with the migraphx package'
 USER 10001:10001
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
   CMD ["/usr/bin/python3", "-m", "gpux_runtime", "healthcheck"]

@@ -10,8 +10,8 @@ from pathlib import Path
 import onnxruntime
 import pytest
 
-from gpux_pack.runtime import linkcheck
-from gpux_pack.runtime.linkcheck import ElfInfo, Resolver
+from gpux_pack import linkcheck
+from gpux_pack.linkcheck import ElfInfo, Resolver
 
 
 @pytest.fixture

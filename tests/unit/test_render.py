@@ -15,7 +15,7 @@ from gpux_pack import providers
 from gpux_pack.pipeline import build
 from gpux_pack.image import context
 from gpux_pack.image import dockerfile as render
-from gpux_pack.image.layout import LAYERS
+from gpux_pack.image.layout import LAYERS, LINKCHECK
 from gpux_pack.plan import Options, plan_runtime_base, with_lock
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Installed, Lock, Pin, Target
@@ -217,6 +217,9 @@ def test_context_is_deterministic(tmp_path):
         assert {m.mtime for m in got.values()} == {context.MTIME} and {m.uid for m in got.values()} == {0}
         assert f"{LAYERS['model'].lands.strip('/')}/model.onnx" in model.getnames()
         assert f"{LAYERS['runtime'].lands.strip('/')}/server.py" in runtime.getnames()
+        # the link check script an image-side check runs: beside gpux_runtime, not in it
+        assert LINKCHECK == "/opt/gpux/runtime/linkcheck.py" and LINKCHECK.strip("/") in runtime.getnames()
+        assert not any(name.endswith("gpux_runtime/linkcheck.py") for name in runtime.getnames())
 
 
 def test_write_refuses_foreign_folders(tmp_path):

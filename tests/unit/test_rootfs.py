@@ -24,8 +24,8 @@ from gpux_pack import engine
 from gpux_pack.engine import rootfs
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import PROVIDERS
-from gpux_pack.runtime import linkcheck
-from gpux_pack.runtime.linkcheck import ElfInfo, Resolver, Tree
+from gpux_pack import linkcheck
+from gpux_pack.linkcheck import ElfInfo, Resolver, Tree
 from gpux_pack.staging import cache_dir
 from tests.conftest import BASE_IMAGE
 

@@ -20,7 +20,8 @@ from gpux_pack.plan import RuntimeBase, execution_providers
 from gpux_pack.runtime.paths import SITE
 from gpux_pack.project.load import load_project
 from gpux_pack.providers import BaseImage
-from gpux_pack.runtime import caches, linkcheck
+from gpux_pack import linkcheck
+from gpux_pack.runtime import caches
 from gpux_pack.wheels import Installed
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,11 +1,13 @@
 """Check that an execution provider's shared libraries resolve, as the dynamic loader will.
 
-Runs on the build host against the base image's exported root filesystem plus the packages
-installed for the image (`check_tree`: nothing runs in the image, so it works for a foreign
-architecture too), and on demand in an image (`python -m gpux_runtime linkcheck`). It reads ELF
-files itself: no ldd, and no dlopen, which would need the GPU driver the build host lacks.
-Libraries of the host's driver (libcuda.so.1, ...) are named and skipped: they arrive at
-`docker run`. Standard library only, so it also runs as a plain script.
+The packager's check, not the runtime's: the install stage runs it on the build host against
+the base image's exported root filesystem plus the packages installed for the image
+(`check_tree`: nothing runs in the image, so it works for a foreign architecture too). Where the
+libraries come from an apt step the host cannot see, the runtime base image's build runs this
+file as a script (`python3 /opt/gpux/runtime/linkcheck.py`, beside gpux_runtime, never part of
+it). It reads ELF files itself: no ldd, and no dlopen, which would need the GPU driver the
+build host lacks. Libraries of the host's driver (libcuda.so.1, ...) are named and skipped:
+they arrive at `docker run`. Standard library only, so it runs in any image's python3.
 """
 
 from __future__ import annotations
