@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpux_pack import engine, providers
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import UsageError
 from gpux_pack.image.context import Context, write
 from gpux_pack.pipeline.build import make_runtime_base, prepare_runtime_base
@@ -18,7 +19,7 @@ from gpux_pack.ui import Reporter
 
 
 def prepare(provider: str, cuda: str, base_image: str | None, platform: str | None, nvidia_libs: str | None,
-            link_check: bool, client: Any, ui: Reporter, refresh: bool) -> tuple[RuntimeBase, Context]:
+            link_check: bool, client: Engine | None, ui: Reporter, refresh: bool) -> tuple[RuntimeBase, Context]:
     names = providers.parse_provider_list(provider)
     if len(names) != 1 or names[0] == "auto":
         raise UsageError("--provider: a runtime base image is for one provider: name one (not auto)")
@@ -54,7 +55,7 @@ def render_runtime_base(provider: str, cuda: str, base_image: str | None, platfo
     return f"wrote {output}/Dockerfile; build it with: docker build -t {runtime_base.tag} {output}"
 
 
-def runtime_bases(client: Any) -> list[dict[str, Any]]:
+def runtime_bases(client: Engine) -> list[dict[str, Any]]:
     """One row per runtime base image on this engine, most recently used first: its tags, id,
     size, when a build last used it (made it or built on it) and how many containers use it."""
     used_by: dict[str, int] = {}
@@ -69,7 +70,7 @@ def runtime_bases(client: Any) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["last_used"])
 
 
-def prune(client: Any, older_than: float) -> list[dict[str, Any]]:
+def prune(client: Engine, older_than: float) -> list[dict[str, Any]]:
     """Remove the runtime base images no build used for older_than seconds and no container
     uses; their tags only (an image another name keeps stays). The rows removed."""
     import docker

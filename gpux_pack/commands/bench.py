@@ -19,6 +19,7 @@ import numpy as np
 
 from gpux_pack import engine
 from gpux_pack.engine.containers import start_container
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError
 from gpux_pack.plan import PYTHON
 from gpux_pack.runtime.dtypes import DTYPES, V2_TO_NAME
@@ -44,7 +45,7 @@ class Result:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def bench(client: Any, image: str, ui: Reporter, runs: int, concurrency: int) -> Result:
+def bench(client: Engine, image: str, ui: Reporter, runs: int, concurrency: int) -> Result:
     started = start_container(client, image, ui)
     try:
         code, out = started.container.exec_run([PYTHON, "-m", "gpux_runtime", "bench", "--runs", str(runs)])
@@ -130,7 +131,7 @@ def load_test(url: str, path: str, body: bytes, headers: dict[str, str], total: 
     return latencies, len(latencies) / seconds
 
 
-def bench_target(client: Any, target: str, provider: str | None, tag: str | None, options: Options | None, runs: int,
+def bench_target(client: Engine, target: str, provider: str | None, tag: str | None, options: Options | None, runs: int,
                  concurrency: int, ui: Reporter, failed: Any) -> tuple[list[dict[str, Any]], list[Any]]:
     """A project is built first (one image per provider), an image is benched as it is."""
     images = [target]

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpux_pack import engine
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import PackError, UsageError
 from gpux_pack.pipeline.build import Loaded, Made, build_each, check_tag, open_project
 from gpux_pack.pipeline import rebuild
@@ -118,7 +119,7 @@ class Outcome:
     indexes: list[tuple[str, Any]]  # (provider, index.Index) per provider built for several platforms
     seconds: float
     loaded: Loaded
-    client: Any
+    client: Engine
 
 
 def build(path: Path, provider: str | None, tag: str | None, options: Options, platforms: list[str | None],

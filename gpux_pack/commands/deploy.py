@@ -39,6 +39,7 @@ from typing import Any, Callable
 import yaml
 
 from gpux_pack import providers
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import UsageError
 from gpux_pack.plan import HEALTH_START, UID
 from gpux_pack.runtime.paths import CACHE_DIR
@@ -96,7 +97,7 @@ class Scaling:
         return self.max_replicas > 1
 
 
-def subject(client: Any | None, ref: str) -> Subject:
+def subject(client: Engine | None, ref: str) -> Subject:
     """The image on this engine (pinned by the repo digest a push or pull left), else as its
     registry has it (pinned by the digest the registry serves for the tag); client None: the
     registry only."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import PackError
 from gpux_pack.image import attestation_store
 from gpux_pack.plan import notes
@@ -18,7 +19,7 @@ from gpux_pack.project.load import load_project
 from gpux_pack.project.model import ModelInfo, inspect_model, reconcile
 
 
-def of_image(client: Any, image: str) -> dict[str, Any]:
+def of_image(client: Engine | None, image: str) -> dict[str, Any]:
     """An image's gpux labels (on this engine, else in its registry), the SBOM its build recorded
     here, and what its registry holds for it (SBOM, provenance, signatures)."""
     found = remote.read(client, image, built_by_us=False)

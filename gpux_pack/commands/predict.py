@@ -21,6 +21,7 @@ import numpy as np
 
 from gpux_pack import engine
 from gpux_pack.engine import containers
+from gpux_pack.engine.interface import Container, Engine
 from gpux_pack.pipeline import local
 from gpux_pack.engine import image_labels
 from gpux_pack.errors import PackError, UsageError
@@ -300,7 +301,7 @@ def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
                 engine.remove_container(started.container)
 
 
-def _running(client: Any, image: Any) -> tuple[Any, str] | None:
+def _running(client: Engine, image: image_labels.GpuxImage) -> tuple[Container, str] | None:
     """A running container of this image that publishes its port on this host, and its URL."""
     for container in client.containers.list(filters={"ancestor": image.id, "status": "running"}):
         for binding in (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(f"{image.port}/tcp") or ():

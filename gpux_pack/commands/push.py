@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.pipeline import attest
 from gpux_pack.registry.push import Pushed, push
 from gpux_pack.ui import Reporter
 
 
-def push_all(client: Any, refs: list[str], ui: Reporter) -> list[tuple[Pushed, attest.Attached | None]]:
+def push_all(client: Engine, refs: list[str], ui: Reporter) -> list[tuple[Pushed, attest.Attached | None]]:
     """Each image pushed, then its recorded SBOM and provenance attached to the pushed manifest."""
     out = []
     for ref in refs:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 from gpux_pack import engine
 from gpux_pack.engine.containers import Started, start_container
+from gpux_pack.engine.interface import Engine
 from gpux_pack.ui import Reporter
 
 
-def run(client: Any, image: str, ui: Reporter, pull: str, port: int | None, bind: str, cpu_fallback: bool,
+def run(client: Engine, image: str, ui: Reporter, pull: str, port: int | None, bind: str, cpu_fallback: bool,
         timeout: int) -> Started:
     """The image started and ready (pulled first as `--pull` says)."""
     engine.ensure_image(client, image, pull, ui.info)

@@ -4,12 +4,12 @@ checked against the image (registry/signatures.py says what each check is)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.registry import signatures
 
 
-def verify(client: Any, ref: str, key_path: Path) -> signatures.Verified:
+def verify(client: Engine | None, ref: str, key_path: Path) -> signatures.Verified:
     key = signatures.load_public_key(key_path)
     repository, digest = signatures.resolve(client, ref)
     return signatures.verify(client, repository, digest, key)

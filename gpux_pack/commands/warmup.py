@@ -8,6 +8,7 @@ from typing import Any
 
 from gpux_pack import engine, providers
 from gpux_pack.engine import image_labels
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import UsageError
 from gpux_pack.pipeline import attest
 from gpux_pack.pipeline.bake import bake_image, cache_of
@@ -15,7 +16,7 @@ from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
 
 
-def warmup(client: Any, image: str, pull: str, tag: str | None, gpus: str | None, device: tuple[str, ...],
+def warmup(client: Engine, image: str, pull: str, tag: str | None, gpus: str | None, device: tuple[str, ...],
            export: Path | None, timeout: int, ui: Reporter) -> dict[str, Any]:
     """Bake (or export) and say what was made: `warmup --json`'s document."""
     if tag is not None:

@@ -1,8 +1,9 @@
 """Talking to the Docker engine (outside of builds): connect, host facts, base images, images
 and containers. Every engine failure becomes one DockerError line with a hint.
 
-Beside it: rootfs.py (a base image's files, read on the host) and image_labels.py (what an
-image built by gpux-pack says of itself)."""
+Beside it: interface.py (the part of the engine client gpux-pack uses, as types: what every
+function here takes), rootfs.py (a base image's files, read on the host) and image_labels.py
+(what an image built by gpux-pack says of itself)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpux_pack.engine import unix_socket
+from gpux_pack.engine.interface import Container, Engine
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import Devices, HostInfo
 from gpux_pack.reference import parse_reference
@@ -32,7 +34,7 @@ def container_labels(role: str) -> dict[str, str]:
     return {ROLE_LABEL: role, OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
 
 
-def remove_leftovers(client: Any, role: str) -> int:
+def remove_leftovers(client: Engine, role: str) -> int:
     """Remove the containers of this role a killed or disconnected gpux-pack left behind: never
     started, and made by a process of this host that has gone (or an hour ago, by any host: a
     process on another host sharing the engine cannot be asked). A live build's are kept.
@@ -69,7 +71,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def connect() -> Any:
+def connect() -> Engine:
     import docker
 
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -84,7 +86,7 @@ def connect() -> Any:
     return client
 
 
-def try_connect() -> Any | None:
+def try_connect() -> Engine | None:
     try:
         return connect()
     except DockerError:
@@ -104,10 +106,10 @@ def short_error(e: BaseException) -> str:
 # host
 
 
-_HOSTS: "weakref.WeakKeyDictionary[Any, HostInfo]" = weakref.WeakKeyDictionary()  # asked once per client
+_HOSTS: "weakref.WeakKeyDictionary[Engine, HostInfo]" = weakref.WeakKeyDictionary()  # asked once per client
 
 
-def host_info(client: Any, dev: Path = Path("/dev"), sys_drm: Path = Path("/sys/class/drm")) -> HostInfo:
+def host_info(client: Engine, dev: Path = Path("/dev"), sys_drm: Path = Path("/sys/class/drm")) -> HostInfo:
     """What the Docker host can give containers. /dev is only meaningful for a local engine.
     Asked once per client: the provider's choice and a baked warmup both want it."""
     if dev == Path("/dev") and sys_drm == Path("/sys/class/drm") and client in _HOSTS:
@@ -118,7 +120,7 @@ def host_info(client: Any, dev: Path = Path("/dev"), sys_drm: Path = Path("/sys/
     return host
 
 
-def _host_info(client: Any, dev: Path, sys_drm: Path) -> HostInfo:
+def _host_info(client: Engine, dev: Path, sys_drm: Path) -> HostInfo:
     try:
         info = client.info()
     except Exception as e:
@@ -151,7 +153,7 @@ def host_from(info: dict[str, Any], dev: Path | None, sys_drm: Path | None) -> H
     return HostInfo(nvidia=nvidia, amd=amd, intel_gpu=intel, details=", ".join(details) or "no GPU")
 
 
-def _is_local(client: Any) -> bool:
+def _is_local(client: Engine) -> bool:
     url = str(getattr(client.api, "base_url", ""))
     return url.startswith(("http+unix://", "http+docker://localunixsocket")) or "localhost" in url
 
@@ -160,7 +162,7 @@ def _is_local(client: Any) -> bool:
 # base image
 
 
-def base_image(client: Any, image: str, pull: bool, log: Callable[[str], None],
+def base_image(client: Engine, image: str, pull: bool, log: Callable[[str], None],
                platform: str | None = None) -> dict[str, Any] | None:
     """The base image's `docker image inspect` attributes, pulled first when absent (or present
     for another platform than the one asked for: a multi-platform base serves each in turn) and
@@ -197,7 +199,7 @@ def _normal(platform: str) -> str:
     return "/".join(platform.split("/")[:2])
 
 
-def remove_container(container: Any) -> None:
+def remove_container(container: Container) -> None:
     """Remove a container we created, whatever state it is in; never raises."""
     try:
         container.remove(force=True)
@@ -209,7 +211,7 @@ def remove_container(container: Any) -> None:
 # images
 
 
-def image_exists(client: Any, ref: str) -> bool:
+def image_exists(client: Engine, ref: str) -> bool:
     import docker
 
     try:
@@ -224,7 +226,7 @@ def image_exists(client: Any, ref: str) -> bool:
 PULL_POLICIES = ("missing", "always", "never")  # `docker run --pull`'s
 
 
-def ensure_image(client: Any, ref: str, policy: str, log: Callable[[str], None]) -> None:
+def ensure_image(client: Engine, ref: str, policy: str, log: Callable[[str], None]) -> None:
     """Pull ref as `docker run --pull POLICY` does: missing (pull when this engine lacks it),
     always, or never. The engine pulls with the credentials of your Docker config (docker
     login, credential helpers), which the SDK reads and sends; a progress line every few layers.
@@ -262,7 +264,7 @@ def _pull_failed(ref: str, why: str, present: bool) -> Exception:
     return UsageError(f"{ref}: no such image on this Docker engine, and it cannot be pulled: {why}")
 
 
-def inspect_parent(client: Any, ref: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def inspect_parent(client: Engine, ref: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """An image's `docker image inspect` and `docker history` (newest first)."""
     try:
         return client.api.inspect_image(ref), client.api.history(ref)
@@ -270,7 +272,7 @@ def inspect_parent(client: Any, ref: str) -> tuple[dict[str, Any], list[dict[str
         raise DockerError(f"cannot inspect {ref}: {str(e).splitlines()[0][:300]}") from None
 
 
-def remove_untagged(client: Any, image_id: str) -> None:
+def remove_untagged(client: Engine, image_id: str) -> None:
     """A made image that never got its tag is garbage; one that is tagged elsewhere is kept."""
     try:
         if not client.images.get(image_id).tags:
@@ -279,7 +281,7 @@ def remove_untagged(client: Any, image_id: str) -> None:
         pass
 
 
-def mark_used(client: Any, ref: str) -> None:
+def mark_used(client: Engine, ref: str) -> None:
     """Tag the image again with its own name: the engine records when (LastTagTime), which is
     what `gpux-pack base prune` goes by. An image that is not there is nothing to mark."""
     try:

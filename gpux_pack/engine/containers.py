@@ -20,6 +20,7 @@ from typing import Any
 
 from gpux_pack import engine, providers
 from gpux_pack.engine import image_labels
+from gpux_pack.engine.interface import Container, Engine
 from gpux_pack.errors import DockerError, PackError, UsageError
 from gpux_pack.runtime.paths import CACHE_DIR
 from gpux_pack.providers import Devices
@@ -36,14 +37,14 @@ class NoDevice(PackError):
 
 @dataclass(frozen=True)
 class Started:
-    container: Any
+    container: Container
     url: str
     provider: str
     on_cpu: bool
     volume: str
 
 
-def start_container(client: Any, ref: str, ui: Reporter, port: int | None = None, bind: str = "127.0.0.1",
+def start_container(client: Engine, ref: str, ui: Reporter, port: int | None = None, bind: str = "127.0.0.1",
                     cpu_fallback: bool = False, timeout: float = 300) -> Started:
     """Start the image and wait until it is ready (or has failed: its last log lines)."""
     try:
@@ -95,7 +96,7 @@ def container_options(image: image_labels.GpuxImage, devices: Devices, bind: str
             **engine.container_devices(devices)}
 
 
-def wait_ready(container: Any, url: str, timeout: float) -> None:
+def wait_ready(container: Container, url: str, timeout: float) -> None:
     """Until /v2/health/ready answers 200; a container that exits first is one line with its last."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpux_pack.engine import short_error
+from gpux_pack.engine.interface import Engine, Image
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import PROVIDERS
 from gpux_pack.reference import parse_reference
@@ -19,7 +20,7 @@ REQUIRED = ("io.gpux.pack.version", "io.gpux.provider", "io.gpux.port")
 @dataclass(frozen=True)
 class GpuxImage:
     ref: str  # as the user named it
-    image: Any  # the Docker SDK's Image; None for an image read from its registry
+    image: Image | None  # the engine's image; None for an image read from its registry
     labels: dict[str, str]
     config_digest: str | None = None  # from a registry: the config blob's digest (what the engine calls its id)
     layers_bytes: int | None = None  # from a registry: its layers' sizes summed (compressed, as pushed)
@@ -67,7 +68,7 @@ def names_registry(ref: str) -> bool:
     return reference.registry_path[0] != "docker.io" or reference.name.startswith("docker.io/")
 
 
-def local(client: Any, ref: str, built_by_us: bool = True) -> GpuxImage | None:
+def local(client: Engine, ref: str, built_by_us: bool = True) -> GpuxImage | None:
     """The engine's image and its labels, None when the engine has no such image. A reference
     that is no reference (`REL4/MLP`, `$(id)`, a line break) is one usage line, not the engine's
     400 text."""
@@ -86,7 +87,7 @@ def local(client: Any, ref: str, built_by_us: bool = True) -> GpuxImage | None:
     return GpuxImage(ref, image, checked(ref, dict(image.attrs["Config"].get("Labels") or {}), built_by_us))
 
 
-def read(client: Any, ref: str, built_by_us: bool = True) -> GpuxImage:
+def read(client: Engine, ref: str, built_by_us: bool = True) -> GpuxImage:
     """The image and its labels; built_by_us: refuse an image without gpux-pack's labels. For
     the commands that start the image (run, warmup, predict, bench), which need it here."""
     found = local(client, ref, built_by_us)

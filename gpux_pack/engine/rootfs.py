@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from gpux_pack import staging
 from gpux_pack.engine import base_image, container_labels, remove_container, remove_leftovers, short_error
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError, PackError, UsageError
 from gpux_pack.linkcheck import MACHINES, TRIPLETS, ElfInfo, Tree, arch_of, system_dirs
 from gpux_pack.providers import BaseImage
@@ -44,7 +45,7 @@ _PACKAGES = re.compile(r"^(var/lib/dpkg/status|lib/apk/db/installed|etc/os-relea
 FORMAT = "2"  # what an export keeps; a new format exports each base once more
 
 
-def inspect_base(client: Any, base: BaseImage, platform: str | None, python: str | None, pull: bool,
+def inspect_base(client: Engine, base: BaseImage, platform: str | None, python: str | None, pull: bool,
                  log: Callable[[str], None], for_platform: bool = False) -> BaseImage | None:
     """Python, glibc and architecture of the base image, read on the host from its files
     (exported once per image id; nothing runs, so a foreign architecture works). None when it
@@ -63,7 +64,7 @@ def inspect_base(client: Any, base: BaseImage, platform: str | None, python: str
                    workdir=(attrs.get("Config") or {}).get("WorkingDir") or "")
 
 
-def export(client: Any, image: str, log: Callable[[str], None] | None = None) -> Path:
+def export(client: Engine, image: str, log: Callable[[str], None] | None = None) -> Path:
     """The image's root filesystem (the parts the checks read) under the cache, by image id.
     Made once per image: a temporary folder renamed into place when complete, so a concurrent
     build sees the whole tree or none."""
@@ -99,7 +100,7 @@ def export(client: Any, image: str, log: Callable[[str], None] | None = None) ->
     return final
 
 
-def _export_to(client: Any, image: str, dest: Path) -> None:
+def _export_to(client: Engine, image: str, dest: Path) -> None:
     """Stream `docker export` of a created (never started) container through the filter."""
 
     container = None

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpux_pack import staging
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError, PackError
 from gpux_pack.image import layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
@@ -168,7 +169,7 @@ def loadable(image: Image) -> Loadable:
                     len(image.history))
 
 
-def load(client: Any, images: list[Loadable]) -> str:
+def load(client: Engine, images: list[Loadable]) -> str:
     """Load the images; the id of the last one. Tags move only when the engine took it all."""
     try:
         out = client.api.load_image(chunks(images), quiet=True)
@@ -223,7 +224,7 @@ def probe_context() -> Context:
                     layer(_PROBE, probe)))
 
 
-def engine_uname(client: Any) -> bytes | None:
+def engine_uname(client: Engine) -> bytes | None:
     """The owner name this engine writes in layer tars, when it writes them as `layers` does;
     None when it does not (then the builder builds). Found by building one tiny image with the
     engine's builder and comparing its layer's diff id with ours for the same files (a long
@@ -265,7 +266,7 @@ def _recorded(cached: Path) -> Any:
         return _UNKNOWN
 
 
-def _probe(client: Any, cached: Path) -> bytes | None:
+def _probe(client: Engine, cached: Path) -> bytes | None:
     """Build the probe image and compare its layers with ours; the answer is recorded in cached
     (written whole under a temporary name) unless the engine's build failed."""
     ctx = probe_context()

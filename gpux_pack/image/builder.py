@@ -12,8 +12,8 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import BuildError, DockerError
 from gpux_pack.image.archive import Loadable
 from gpux_pack.image.context import Context, Stream
@@ -37,7 +37,7 @@ class BuiltImage:
 
 
 def build(
-    client: Any,
+    client: Engine,
     ctx: Context,
     tag: str | None,
     ui: Reporter,

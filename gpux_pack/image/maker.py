@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpux_pack import staging
 from gpux_pack.engine import image_exists, inspect_parent
+from gpux_pack.engine.interface import Engine
 from gpux_pack.image import assembler, builder, layer_tar
 from gpux_pack.image.archive import Loadable
 from gpux_pack.image.builder import BuiltImage
@@ -88,7 +89,7 @@ class Maker(Protocol):
 class Assembler:
     """Layers written on the host, loaded with the config derived from the parent's."""
 
-    def __init__(self, client: Any, ui: Reporter, uname: bytes):
+    def __init__(self, client: Engine, ui: Reporter, uname: bytes):
         self.client, self.ui, self.uname = client, ui, uname
 
     def make(self, recipe: Recipe) -> BuiltImage:
@@ -129,7 +130,7 @@ class Assembler:
 class Builder:
     """The context's Dockerfile, built by the engine's builder."""
 
-    def __init__(self, client: Any, ui: Reporter, no_cache: bool = False):
+    def __init__(self, client: Engine, ui: Reporter, no_cache: bool = False):
         self.client, self.ui, self.no_cache = client, ui, no_cache
 
     def make(self, recipe: Recipe) -> BuiltImage:
@@ -175,7 +176,7 @@ class OncePerTag:
     """Builds making the same tag at once take turns (a lock per tag under the cache); with
     reuse (the tag is content-addressed), the later one finds the image made and uses it."""
 
-    def __init__(self, maker: Maker, client: Any, ui: Reporter, reuse: bool):
+    def __init__(self, maker: Maker, client: Engine, ui: Reporter, reuse: bool):
         self.maker, self.client, self.ui, self.reuse = maker, client, ui, reuse
 
     def make(self, recipe: Recipe) -> BuiltImage:
@@ -193,7 +194,7 @@ class OncePerTag:
         return self.maker.derive(parent, tag, members, labels, note)
 
 
-def choose(client: Any, ui: Reporter, no_cache: bool = False) -> Maker:
+def choose(client: Engine, ui: Reporter, no_cache: bool = False) -> Maker:
     """The assembler (falling back to the builder) on an engine that writes layer tars as we
     do; the builder alone otherwise (or with GPUX_PACK_ASSEMBLE=0)."""
     build = Builder(client, ui, no_cache)

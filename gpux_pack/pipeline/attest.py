@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.image import attestation_store, provenance, sbom
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.plan import Plan
@@ -60,7 +61,7 @@ def record_warmed(parent_id: str, image_id: str, cache: sbom.CompiledCache) -> P
                   provenance.with_cache(predicate, parent_id, cache, now()))
 
 
-def attach(client: Any, pushed: Pushed, image_id: str, ui: Reporter) -> Attached | None:
+def attach(client: Engine, pushed: Pushed, image_id: str, ui: Reporter) -> Attached | None:
     """Attach the recorded SBOM and provenance to the pushed manifest; None (and a warning) when
     this machine's builds recorded none for the image."""
     found = attestation_store.recorded(image_id)

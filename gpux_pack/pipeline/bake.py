@@ -25,6 +25,7 @@ from typing import Any
 
 from gpux_pack import engine, staging
 from gpux_pack.engine import image_labels
+from gpux_pack.engine.interface import Container, Engine
 from gpux_pack.errors import BuildError, DockerError, PackError, UsageError
 from gpux_pack.image import layer_tar
 from gpux_pack.image.context import MTIME
@@ -56,7 +57,7 @@ class Baked:
     assembled: bool = False
 
 
-def bake_image(client: Any, ref: str, ui: Reporter, maker: Maker | None = None, *, tag: str | None = None,
+def bake_image(client: Engine, ref: str, ui: Reporter, maker: Maker | None = None, *, tag: str | None = None,
                devices: Devices = Devices(), export: Path | None = None, timeout: int = TIMEOUT) -> Baked:
     """Warm `ref` up in a container; export its cache or add it to a derived image (made by
     maker, or the engine's own choice)."""
@@ -102,7 +103,7 @@ def _short(parts: dict[str, Any], key: str) -> str:
     return caches.short(parts) if parts else (key[:6] or "none")
 
 
-def _run(client: Any, image_id: str, ui: Reporter, devices: Devices, timeout: int,
+def _run(client: Engine, image_id: str, ui: Reporter, devices: Devices, timeout: int,
          tmp: Path) -> tuple[dict[str, Any], Path | None]:
     """Run `warmup` in a container; (its state, the compiled cache folder copied to tmp, or
     None when it found a valid cache and compiled nothing)."""
@@ -150,7 +151,7 @@ def _run(client: Any, image_id: str, ui: Reporter, devices: Devices, timeout: in
             engine.remove_container(container)
 
 
-def _copy_out(container: Any, source: str, key: str, tmp: Path) -> Path:
+def _copy_out(container: Container, source: str, key: str, tmp: Path) -> Path:
     """The container's cache folder for key, extracted with every name checked: only regular
     files and folders under the key, no links, no way out of tmp."""
     stream, _ = container.get_archive(source)
@@ -221,7 +222,7 @@ def warm_labels(key: str, record: dict[str, Any]) -> dict[str, str]:
     return labels
 
 
-def cache_of(client: Any, baked: Baked) -> CompiledCache | None:
+def cache_of(client: Engine, baked: Baked) -> CompiledCache | None:
     """The compiled cache a bake added to its derived image, as its SBOM and provenance name it
     (None when it added none: an export, a cache already there, a provider that compiles nothing)."""
     if not baked.id or baked.exported is not None or baked.state.get("cache") != "compiled":

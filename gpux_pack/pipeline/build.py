@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, TypeVar
 
 from gpux_pack import engine, providers, wheels
+from gpux_pack.engine.interface import Engine
 from gpux_pack.pipeline import attest
 from gpux_pack.pipeline.bake import bake_image, cache_of
 from gpux_pack.engine import rootfs
@@ -117,7 +118,7 @@ def check_model(loaded: Loaded, cli: list[str]) -> None:
             check_model_for(loaded.model, providers.get(name, cuda=cfg.pack.cuda))
 
 
-def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Reporter) -> providers.Decision:
+def choose_providers(loaded: Loaded, cli: list[str], client: Engine | None, ui: Reporter) -> providers.Decision:
     cfg = loaded.project.config
     decision = providers.decide(cli, list(cfg.pack.providers), cfg.runtime.gpu.backend, None)
     if decision.from_host and client is not None:
@@ -126,9 +127,12 @@ def choose_providers(loaded: Loaded, cli: list[str], client: Any | None, ui: Rep
     return decision
 
 
-def open_project(path: Path, provider_flag: str | None, tag: str | None, connect: Callable[[], Any],
+Connected = TypeVar("Connected", bound="Engine | None")  # what connect gives: an engine, or None (try_connect)
+
+
+def open_project(path: Path, provider_flag: str | None, tag: str | None, connect: Callable[[], Connected],
           ui: Reporter, contained: bool = False, strict: bool = False,
-          warn: bool = True) -> tuple[Loaded, providers.Decision, Any]:
+          warn: bool = True) -> tuple[Loaded, providers.Decision, Connected]:
     """What every command that starts from a project does first: load it, refuse a bad tag and a
     model the images' onnxruntime cannot load before asking Docker anything, then connect and
     choose the providers (asking the Docker host only for `auto`). Says the plan's notes on gpux.yml
@@ -149,7 +153,7 @@ def check_tag(tag: str | None, provider_names: list[str]) -> None:
         raise UsageError(f"--tag {tag}: several providers ({', '.join(provider_names)}) need {{provider}} in the tag")
 
 
-def base_facts(base: BaseImage, platform: str | None, python: str | None, client: Any | None, ui: Reporter,
+def base_facts(base: BaseImage, platform: str | None, python: str | None, client: Engine | None, ui: Reporter,
                pull: bool, for_platform: bool = False) -> BaseImage:
     """The base image's facts read from its files (engine/rootfs.py), else the table's."""
     found = rootfs.inspect_base(client, base, platform, python, pull, ui.info, for_platform) if client else None
@@ -161,7 +165,7 @@ def base_facts(base: BaseImage, platform: str | None, python: str | None, client
 
 
 def plan_for(
-    loaded: Loaded, provider_name: str, reason: str, options: Options, client: Any | None, ui: Reporter, pull: bool
+    loaded: Loaded, provider_name: str, reason: str, options: Options, client: Engine | None, ui: Reporter, pull: bool
 ) -> Plan:
     """The plan for one provider, before its wheels are resolved (see locked). With an engine,
     the base image's facts are read from its files; without one, the table's are assumed."""
@@ -172,7 +176,7 @@ def plan_for(
     return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options)
 
 
-def locked(plan: Plan, ui: Reporter, refresh: bool = False, client: Any | None = None,
+def locked(plan: Plan, ui: Reporter, refresh: bool = False, client: Engine | None = None,
            offline: bool = False) -> Plan:
     """The plan with its wheels resolved for its target (cached by requirements and target),
     and whether the engine (when given) already has the runtime base image they make."""
@@ -188,7 +192,7 @@ def prepare(
     provider_name: str,
     reason: str,
     options: Options,
-    client: Any | None,
+    client: Engine | None,
     ui: Reporter,
     pull: bool,
     refresh: bool = False,
@@ -220,7 +224,7 @@ def prepare(
     return Prepared(plan, model_context(plan, None, dockerfile(plan, part="model")), base_context)
 
 
-def make(client: Any, prepared: Prepared, maker: Maker, ui: Reporter,
+def make(client: Engine, prepared: Prepared, maker: Maker, ui: Reporter,
          no_cache: bool = False) -> tuple[BuiltImage, CompiledCache | None]:
     """The runtime base image when it is missing (once, however many builds want it), then the
     model image; a baked warmup tags the warmed image instead (and gives the cache it added)."""
@@ -234,7 +238,7 @@ def make(client: Any, prepared: Prepared, maker: Maker, ui: Reporter,
     return bake(client, built, plan, maker, ui) if baked else (built, None)
 
 
-def bake(client: Any, built: BuiltImage, plan: Plan, maker: Maker,
+def bake(client: Engine, built: BuiltImage, plan: Plan, maker: Maker,
          ui: Reporter) -> tuple[BuiltImage, CompiledCache | None]:
     """`--warmup always`: what `gpux-pack warmup` does, on the image just made (untagged), to
     give the tag an image with its cache baked in. On any failure (Ctrl-C included) the
@@ -250,7 +254,7 @@ def bake(client: Any, built: BuiltImage, plan: Plan, maker: Maker,
                       assembled=built.assembled), cache_of(client, warmed)
 
 
-def build_each(loaded: Loaded, decision: providers.Decision, per_platform: list[Options], client: Any, ui: Reporter,
+def build_each(loaded: Loaded, decision: providers.Decision, per_platform: list[Options], client: Engine, ui: Reporter,
                failed: Callable[[str, PackError], None], no_cache: bool = False, refresh: bool = False,
                push_: bool = False) -> tuple[list[Made], list[tuple[str, PackError]], list[tuple[str, index.Index]]]:
     """Build (and push) one image per provider and platform, and one index per provider when there
@@ -291,7 +295,7 @@ def build_each(loaded: Loaded, decision: providers.Decision, per_platform: list[
 
 
 def prepare_runtime_base(provider_name: str, cuda: str, base_choice: str | None, platform: str | None,
-                         nvidia_libs: str | None, link_check: bool, client: Any | None, ui: Reporter, pull: bool,
+                         nvidia_libs: str | None, link_check: bool, client: Engine | None, ui: Reporter, pull: bool,
                          refresh: bool = False) -> tuple[RuntimeBase, Context]:
     provider = providers.get(provider_name, cuda=cuda)
     base = base_facts(providers.base_for(provider, base_choice), platform, None, client, ui, pull)
@@ -303,7 +307,7 @@ def prepare_runtime_base(provider_name: str, cuda: str, base_choice: str | None,
     return runtime_base, runtime_base_context(install(runtime_base, ui), dockerfile_text)
 
 
-def make_runtime_base(client: Any, runtime_base: RuntimeBase, context: Context, ui: Reporter,
+def make_runtime_base(client: Engine, runtime_base: RuntimeBase, context: Context, ui: Reporter,
                       no_cache: bool = False) -> BuiltImage:
     built = OncePerTag(choose(client, ui, no_cache), client, ui, reuse=False).make(runtime_base_recipe(runtime_base, context))
     engine.mark_used(client, runtime_base.tag)

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError
 from gpux_pack.registry.push import explain
 from gpux_pack.reference import parse_reference
@@ -69,7 +70,7 @@ class Registry:
 
     actions = "pull,push"  # what a Bearer token is asked for
 
-    def __init__(self, client: Any, repository: str, actions: str = "pull,push") -> None:
+    def __init__(self, client: Engine | None, repository: str, actions: str = "pull,push") -> None:
         import docker.auth
 
         self.name, self.path = parse_reference(repository).registry_path
@@ -234,7 +235,7 @@ def _reason(e: Exception) -> str:
     return f"{type(e).__name__}: {text[:200]}"
 
 
-def _insecure(client: Any, registry: str) -> bool:
+def _insecure(client: Engine | None, registry: str) -> bool:
     """Whether the engine would talk plain HTTP to this registry (loopback, or its insecure list)."""
     host = registry.rsplit(":", 1)[0].strip("[]") if registry.count(":") <= 1 or registry.startswith("[") else registry
     if host == "localhost":
@@ -261,7 +262,7 @@ def _insecure(client: Any, registry: str) -> bool:
     return False
 
 
-def push_index(client: Any, tag: str, members: list[Member]) -> Index:
+def push_index(client: Engine, tag: str, members: list[Member]) -> Index:
     """Write the index for `members` (already pushed to tag's repository) under tag."""
     repo, name = parse_reference(tag).repository_tag
     return Registry(client, repo).put_index(name, members)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
@@ -25,7 +25,7 @@ class Pushed:
     seconds: float
 
 
-def push(client: Any, ref: str, ui: Reporter) -> Pushed:
+def push(client: Engine, ref: str, ui: Reporter) -> Pushed:
     """Push one tagged image; its digest reference."""
     import docker
 
@@ -83,7 +83,7 @@ def explain(message: str, registry: str) -> str:
     return text
 
 
-def digest_of(client: Any, ref: str) -> str | None:
+def digest_of(client: Engine | None, ref: str) -> str | None:
     """The local image's pushed digest reference for its repository, when it has one."""
     try:
         image = client.images.get(ref)

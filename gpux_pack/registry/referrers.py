@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError
 from gpux_pack.registry.index import INDEX, MANIFESTS, MAX_MANIFEST, Registry
 
@@ -47,7 +48,7 @@ def tag_of(digest: str) -> str:
     return f"{algorithm}-{hex_}"
 
 
-def attach(client: Any, repository: str, subject: str, artifacts: list[Artifact]) -> list[str]:
+def attach(client: Engine | None, repository: str, subject: str, artifacts: list[Artifact]) -> list[str]:
     """Push each artifact as a manifest whose subject is `subject` (a manifest digest of
     `repository`), and list them under the subject's referrers tag; the artifact manifests'
     digests, in order."""
@@ -76,7 +77,7 @@ def attach(client: Any, repository: str, subject: str, artifacts: list[Artifact]
     return [a["digest"] for a in added]
 
 
-def referrers(client: Any, repository: str, subject: str) -> list[dict[str, Any]]:
+def referrers(client: Engine | None, repository: str, subject: str) -> list[dict[str, Any]]:
     """The descriptors of the artifacts that refer to `subject`: the referrers API where the
     registry has it, else the tag schema's index (empty when there is none)."""
     registry = Registry(client, repository, actions="pull")
@@ -95,7 +96,7 @@ def referrers(client: Any, repository: str, subject: str) -> list[dict[str, Any]
     return [d for d in listed if isinstance(d, dict)] if isinstance(listed, list) else []
 
 
-def fetch(client: Any, repository: str, descriptor: dict[str, Any],
+def fetch(client: Engine | None, repository: str, descriptor: dict[str, Any],
           limit: int | None = None) -> tuple[dict[str, Any], bytes]:
     """An artifact's manifest and its one layer's bytes, each checked against its digest. Bounded:
     whatever a registry serves, a manifest over 4 MiB or a document over `limit` (MAX_DOCUMENT) is

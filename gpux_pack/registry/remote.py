@@ -18,6 +18,7 @@ from typing import Any
 from gpux_pack import engine
 from gpux_pack.engine import image_labels
 from gpux_pack.engine.image_labels import GpuxImage
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.reference import parse_reference
 from gpux_pack.registry.index import MANIFESTS, Manifest, Registry
@@ -25,7 +26,7 @@ from gpux_pack.registry.index import MANIFESTS, Manifest, Registry
 ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
-def read(client: Any | None, ref: str, built_by_us: bool = True) -> GpuxImage:
+def read(client: Engine | None, ref: str, built_by_us: bool = True) -> GpuxImage:
     """The image on this engine, else in the registry the reference names (client None: no
     engine, the registry only)."""
     if client is not None:
@@ -40,7 +41,7 @@ def read(client: Any | None, ref: str, built_by_us: bool = True) -> GpuxImage:
     return fetch(client, ref, built_by_us)
 
 
-def fetch(client: Any | None, ref: str, built_by_us: bool = True) -> GpuxImage:
+def fetch(client: Engine | None, ref: str, built_by_us: bool = True) -> GpuxImage:
     """The image as its registry has it: labels from the config blob, id = the config digest,
     size = its layers summed, pinned = repo@<digest of the manifest or index ref names>."""
     try:

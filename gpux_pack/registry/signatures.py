@@ -25,6 +25,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError, PackError, UsageError
 from gpux_pack.keys import load_private_key, load_public_key  # noqa: F401 (sign and verify read keys here)
 from gpux_pack.registry import referrers
@@ -52,7 +53,7 @@ def payload(repository: str, digest: str) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def sign(client: Any, repository: str, digest: str, key: Any) -> str:
+def sign(client: Engine | None, repository: str, digest: str, key: Any) -> str:
     """Sign the manifest `digest` of `repository` and store the signature where cosign looks
     (added to the signatures already there); the signature manifest's digest."""
     registry = Registry(client, repository)
@@ -99,7 +100,7 @@ class Verified:
     images: list[dict[str, Any]]  # each image manifest whose documents were checked (an index: every platform's)
 
 
-def verify(client: Any, repository: str, digest: str, key: Any) -> Verified:
+def verify(client: Engine | None, repository: str, digest: str, key: Any) -> Verified:
     """That `digest` is signed with `key` (cosign's format), and that every SBOM and provenance
     attached to it (to each platform's image, for an index) is one gpux-pack wrote for this image:
     the documents are read and checked, not only their subject. VerifyError (one line) otherwise."""
@@ -178,7 +179,7 @@ def _signed(registry: Registry, subject: str, digest: str, key: Any) -> int:
     return good
 
 
-def _attested(client: Any, registry: Registry, digest: str, manifest: dict[str, Any], signed: str) -> dict[str, Any]:
+def _attested(client: Engine | None, registry: Registry, digest: str, manifest: dict[str, Any], signed: str) -> dict[str, Any]:
     """One image manifest's attached SBOMs and provenances, each read and checked against the
     image (its config's digest and its model's sha256 label): at least one of each, and every one
     valid. `signed`: what the signature covers (the index, for a platform's image)."""
@@ -345,7 +346,7 @@ def _shown(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def resolve(client: Any, ref: str) -> tuple[str, str]:
+def resolve(client: Engine | None, ref: str) -> tuple[str, str]:
     """(repository, manifest digest) of an image reference: its @digest, else what its tag names
     in the registry now."""
     from gpux_pack.reference import parse_reference
@@ -364,7 +365,7 @@ def resolve(client: Any, ref: str) -> tuple[str, str]:
         raise UsageError(f"{ref}: not in its registry (push it first)") from None
 
 
-def attachments(client: Any, repository: str, digest: str) -> dict[str, Any]:
+def attachments(client: Engine | None, repository: str, digest: str) -> dict[str, Any]:
     """What the registry holds for this manifest: the SBOM's and provenance's artifact digests
     (None when absent) and how many cosign signatures (unverified: `verify` checks them)."""
     found: dict[str, Any] = {"sbom": None, "provenance": None, "signatures": 0}
