@@ -147,7 +147,7 @@ def preflight(dry_run: bool) -> dict[str, Any]:
     """onnxruntime, its CUDA provider and a CUDA device, before any work: each missing one is a
     one-line refusal (dry run: onnxruntime only)."""
     from gpux_pack import providers
-    from gpux_pack.runtime import caches, devices
+    from gpux_pack.runtime import caches, contract
 
     pin = providers.get("cuda").version
     try:
@@ -162,7 +162,7 @@ def preflight(dry_run: bool) -> dict[str, Any]:
     if CUDA_EP not in ort.get_available_providers():
         raise Refused(f"onnxruntime-gpu is missing: this onnxruntime ({builds}) has no {CUDA_EP}; "
                       f"pip uninstall onnxruntime, then pip install onnxruntime-gpu=={pin}")
-    device = devices.nvidia_device()
+    device = contract.nvidia_device()
     if not GPU_DEVICE.match(device):
         raise Refused(f"no CUDA device: {device}")
     return {**out, "device": device}

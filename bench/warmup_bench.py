@@ -34,7 +34,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpux_pack.runtime.devices import cpu_vendor  # noqa: E402
+from gpux_pack.runtime.contract import cpu_vendor  # noqa: E402
 from tests.conftest import INTEL_CPU_MODEL, intel_cpu, on_intel_cpu  # noqa: E402
 
 

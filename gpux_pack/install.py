@@ -9,7 +9,7 @@ from pathlib import Path
 from gpux_pack import linkcheck, wheels
 from gpux_pack.errors import BuildError
 from gpux_pack.plan import RuntimeBase
-from gpux_pack.runtime.paths import SITE
+from gpux_pack.runtime.contract import SITE
 from gpux_pack.ui import Reporter
 
 

@@ -31,8 +31,9 @@ from gpux_pack.providers import (CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, De
                                  devices_for)
 from gpux_pack.reference import parse_reference
 from gpux_pack.timestamps import created_now
-from gpux_pack.runtime import caches, contract
-from gpux_pack.runtime.paths import APP_DIR, ASSETS, CACHE_DIR, CACHE_PLACEHOLDER, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, SITE
+from gpux_pack.runtime import contract
+from gpux_pack.runtime.contract import (APP_DIR, ASSETS, CACHE_DIR, CACHE_PLACEHOLDER, CONTEXT_MODEL, MODEL_PUBLIC_KEY,
+                                        MODEL_SIGNATURE, SITE)
 from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
 
 RUNTIME_BASES = "gpux-pack/runtime-"  # every runtime base image's repository starts so: `base ls|prune` find them
@@ -718,7 +719,7 @@ def execution_providers(provider: Provider, config: Any, profiles: dict[str, dic
                 )
             if trt.ep_context:  # a later start loads the engine from this model, skipping the builder
                 opts["trt_dump_ep_context_model"] = "true"
-                opts["trt_ep_context_file_path"] = f"{CACHE_PLACEHOLDER}/{caches.CONTEXT_MODEL}"
+                opts["trt_ep_context_file_path"] = f"{CACHE_PLACEHOLDER}/{CONTEXT_MODEL}"
                 opts["trt_ep_context_embed_mode"] = "1"
         if ep == "OpenVINOExecutionProvider":  # the plugin reads its settings from load_config only
             ov = config.pack.openvino

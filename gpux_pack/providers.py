@@ -14,8 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpux_pack.errors import UsageError
-from gpux_pack.runtime.devices import no_device
-from gpux_pack.runtime.paths import CACHE_PLACEHOLDER
+from gpux_pack.runtime.contract import CACHE_PLACEHOLDER, no_device
 
 # What the image's runtime imports besides onnxruntime (kept tiny: the runtime is slim).
 # The image's runtime: uvicorn with httptools (its C HTTP parser; uvloop is left out: 14 MB

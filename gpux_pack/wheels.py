@@ -32,7 +32,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from gpux_pack import staging
 from gpux_pack.linkcheck import ElfInfo
-from gpux_pack.runtime.paths import SITE
+from gpux_pack.runtime.contract import SITE
 from gpux_pack.staging import cache_dir, remove, temp_path, touch
 from gpux_pack.errors import WheelError
 

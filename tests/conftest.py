@@ -208,7 +208,7 @@ INTEL_CPU_MODEL = "Haswell-noTSX"
 
 
 def intel_cpu() -> bool:
-    from gpux_pack.runtime.devices import cpu_vendor
+    from gpux_pack.runtime.contract import cpu_vendor
 
     return cpu_vendor()[0] == "GenuineIntel"
 

@@ -22,7 +22,7 @@ from gpux_pack.engine.containers import start_container
 from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import DockerError
 from gpux_pack.plan import PYTHON
-from gpux_pack.runtime.dtypes import DTYPES, V2_TO_NAME
+from gpux_pack.runtime.contract import DTYPES, V2_TO_NAME
 from gpux_pack.pipeline import build
 from gpux_pack.plan import Options
 from gpux_pack.ui import Reporter, escape

@@ -42,11 +42,10 @@ from gpux_pack import providers
 from gpux_pack.engine.interface import Engine
 from gpux_pack.errors import UsageError
 from gpux_pack.plan import HEALTH_START, UID
-from gpux_pack.runtime.paths import CACHE_DIR
+from gpux_pack.runtime.contract import CACHE_DIR, DRAIN_SECONDS
 from gpux_pack.providers import DEVICES
 from gpux_pack.registry import remote
 from gpux_pack.registry.push import digest_of
-from gpux_pack.runtime.settings import DRAIN_SECONDS
 
 GRACE_SECONDS = int(DRAIN_SECONDS) + 7  # SIGTERM -> drain -> exit, with room to spare
 MiB = 1 << 20

@@ -25,7 +25,7 @@ from gpux_pack.engine.interface import Container, Engine
 from gpux_pack.pipeline import local
 from gpux_pack.engine import image_labels
 from gpux_pack.errors import PackError, UsageError
-from gpux_pack.runtime.dtypes import BINARY_ONLY, DTYPES, V2_TO_NAME
+from gpux_pack.runtime.contract import BINARY_ONLY, DTYPES, V2_TO_NAME
 from gpux_pack.runtime.tensors import (RequestError, ServedTensor, bf16_to_float32, check_shape, float32_to_bf16,
                                        from_binary, labelled, to_array, to_binary)
 from gpux_pack.runtime.warmup import generated_inputs

@@ -21,7 +21,7 @@ from gpux_pack.engine.interface import Container, Engine
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import Devices, HostInfo
 from gpux_pack.reference import parse_reference
-from gpux_pack.runtime.devices import cpu_vendor
+from gpux_pack.runtime.contract import cpu_vendor
 
 # Every container the CLI creates carries this label, so a test (or a user) can check that
 # none is ever left behind: `docker ps -a --filter label=io.gpux.pack.role`.

@@ -22,7 +22,7 @@ from gpux_pack import engine, providers
 from gpux_pack.engine import image_labels
 from gpux_pack.engine.interface import Container, Engine
 from gpux_pack.errors import DockerError, PackError, UsageError
-from gpux_pack.runtime.paths import CACHE_DIR
+from gpux_pack.runtime.contract import CACHE_DIR
 from gpux_pack.providers import Devices
 from gpux_pack.ui import Reporter
 

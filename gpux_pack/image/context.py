@@ -26,7 +26,7 @@ from gpux_pack.image.layout import LAYERS, LINKCHECK, Layer
 from gpux_pack.plan import UID, Plan
 from gpux_pack.project.preprocess import read_tokenizer
 from gpux_pack.project.skeleton import external_form
-from gpux_pack.runtime.paths import APP_DIR
+from gpux_pack.runtime.contract import APP_DIR
 from gpux_pack.sources import LINKCHECK_SCRIPT, runtime_files
 from gpux_pack.wheels import Installed, bytecode
 
@@ -102,7 +102,7 @@ def config_file(plan: Plan) -> bytes:
 def answer_files(plan: Plan) -> list[tuple[str, bytes | Path]]:
     """Every file that decides the image's answers, by its path under APP_DIR, as the image holds
     it: gpux.json, preprocessing's assets (the tokenizer.json), the model's files. Model signing
-    signs exactly these (image/model_signature.py); what it leaves out is paths.UNSIGNED."""
+    signs exactly these (image/model_signature.py); what it leaves out is contract.UNSIGNED."""
     files: list[tuple[str, bytes | Path]] = [(_under_app(LAYERS["config"].lands), config_file(plan))]
     files += [(f"{_under_app(LAYERS['assets'].lands)}/{name}", read_tokenizer(plan.signature.text))
               for name, _ in plan.assets]

@@ -22,7 +22,7 @@ import jinja2
 from gpux_pack import __version__
 from gpux_pack.image.layout import LAYERS, LINKCHECK
 from gpux_pack.plan import PYTHON, ImageConfig, Plan, RuntimeBase
-from gpux_pack.runtime.paths import APP_DIR, SITE
+from gpux_pack.runtime.contract import APP_DIR, SITE
 from gpux_pack.providers import Provider
 from gpux_pack.reference import parse_reference
 from gpux_pack.sources import templates_dir

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpux_pack.runtime.paths import APP_DIR, ASSETS, BAKED_DIR, CACHE_DIR, SITE
+from gpux_pack.runtime.contract import APP_DIR, ASSETS, BAKED_DIR, CACHE_DIR, SITE
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 `model-signing` library: a Sigstore bundle holding a DSSE envelope of an in-toto statement that
 lists each file's sha256), with a PEM EC key: gpux.json (labels, normalisation, every setting the
 runtime reads), preprocessing's assets (the tokenizer.json) and the model's files, by their paths
-under /opt/gpux; the statement records what it leaves out (paths.UNSIGNED: the packages, the
+under /opt/gpux; the statement records what it leaves out (contract.UNSIGNED: the packages, the
 runtime, the cache folders, the signature). The bundle and the public key go into the image's
 assets, and the image checks them all before loading when asked (gpux_pack/runtime/model_check.py).
 `model_signing verify key` accepts the bundle for the image's /opt/gpux folder."""
@@ -20,7 +20,7 @@ from gpux_pack.errors import UsageError
 from gpux_pack.plan import Plan
 from gpux_pack.keys import load_private_key, password
 from gpux_pack.image.context import answer_files
-from gpux_pack.runtime.paths import APP_DIR, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, UNSIGNED
+from gpux_pack.runtime.contract import APP_DIR, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, UNSIGNED
 
 
 def sign(plan: Plan, key_path: Path) -> tuple[tuple[str, bytes], ...]:

@@ -32,10 +32,9 @@ from gpux_pack.image.context import MTIME
 from gpux_pack.image.layout import LAYERS
 from gpux_pack.image.maker import Maker, choose
 from gpux_pack.image.sbom import CompiledCache
-from gpux_pack.runtime.paths import CACHE_DIR, FALLBACK_CACHE_DIR
+from gpux_pack.runtime.contract import CACHE_DIR, FALLBACK_CACHE_DIR, RECORD
 from gpux_pack.providers import Devices
 from gpux_pack.reference import parse_reference
-from gpux_pack.runtime import caches
 from gpux_pack.ui import Reporter
 
 TIMEOUT = 3600  # seconds: TensorRT engines of large models take minutes, not hours
@@ -69,8 +68,8 @@ def bake_image(client: Engine, ref: str, ui: Reporter, maker: Maker | None = Non
     with tempfile.TemporaryDirectory(prefix="gpux-warm-") as tmp:
         state, folder = _run(client, image.id, ui, devices, timeout, Path(tmp))
         key = str(state.get("key") or "")
-        record = json.loads((folder / "warmup.json").read_text()) if folder else {}
-        short = _short(record.get("parts") or {}, key)
+        record = json.loads((folder / RECORD).read_text()) if folder else {}
+        short = str(record.get("short") or key[:6] or "none")  # the runtime names its cache
         if folder is None and state.get("cache") == "none":
             ui.info(f"warmup: the {labels.get('io.gpux.provider')} provider compiles nothing to cache; the image is "
                     "unchanged")
@@ -97,10 +96,6 @@ def default_tag(ref: str, image: Any) -> str:
         raise UsageError(f"{ref}: an image id has no tag to derive one from; pass --tag")
     repo, name = parse_reference(ref).repository_tag
     return f"{repo}:{name}-warm-{{short}}"
-
-
-def _short(parts: dict[str, Any], key: str) -> str:
-    return caches.short(parts) if parts else (key[:6] or "none")
 
 
 def _run(client: Engine, image_id: str, ui: Reporter, devices: Devices, timeout: int,

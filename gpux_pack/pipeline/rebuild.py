@@ -41,7 +41,7 @@ from gpux_pack.engine import unix_socket
 from gpux_pack.image import attestation_store, layer_tar
 from gpux_pack.image.archive import LayerTar, Loadable, chunks, config_bytes
 from gpux_pack.project.skeleton import FileBytes, WireError, fields
-from gpux_pack.runtime.paths import open_regular  # not through a link: the recorded path is resolved, so a link there is new
+from gpux_pack.runtime.contract import open_regular  # not through a link: the recorded path is resolved, so a link there is new
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 

@@ -32,7 +32,7 @@ from pydantic import (
 
 from gpux_pack.providers import EP_NAMES, NOT_FOR_LINUX, PROVIDERS, provider_alias, provider_name, provider_names
 from gpux_pack.reference import parse_reference
-from gpux_pack.runtime.dtypes import DTYPES, canonical
+from gpux_pack.runtime.contract import DTYPES, canonical
 
 CONFIG_NAMES = ("gpux.yml", "gpux.yaml")
 BACKENDS = ("auto", *EP_NAMES, *NOT_FOR_LINUX)

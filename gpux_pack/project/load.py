@@ -24,7 +24,7 @@ from gpux_pack.project import safe_yaml
 from gpux_pack.project.config import BACKENDS, CONFIG_NAMES, GpuxConfig, TensorSpec, hint
 from gpux_pack.errors import ConfigError, UsageError
 from gpux_pack.providers import NOT_FOR_LINUX, provider_alias
-from gpux_pack.runtime.dtypes import DTYPES, canonical
+from gpux_pack.runtime.contract import DTYPES, canonical
 
 # Keys of the GPUX format that gpux-pack reads and does not act on: a warning each, never a refusal.
 NOT_ACTED_ON: dict[tuple[str, ...], str] = {

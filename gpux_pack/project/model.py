@@ -21,7 +21,7 @@ from gpux_pack.project.skeleton import (FileChanged, Skeleton, Weight, WireError
                                         tensor_at)
 from gpux_pack.staging import cache_dir, touch, write_bytes
 from gpux_pack.errors import ModelError
-from gpux_pack.runtime.dtypes import ONNX_TO_NAME
+from gpux_pack.runtime.contract import ONNX_TO_NAME
 
 # Domains whose operators every onnxruntime build implements (model-local functions add theirs).
 ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc"})

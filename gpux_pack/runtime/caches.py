@@ -28,16 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .contract import GpuxJson
-from .devices import device_of
-from .paths import BAKED_DIR, CACHE_PLACEHOLDER, FALLBACK_CACHE_DIR, open_regular
+from .contract import BAKED_DIR, CACHE_PLACEHOLDER, FALLBACK_CACHE_DIR, RECORD, GpuxJson, device_of, open_regular
 
 log = logging.getLogger("gpux")
 
-RECORD = "warmup.json"
 MAX_RECORD = 4 << 20  # a record lists files: one this large was not written by a container
 STALE_AGE = 6 * 3600  # a temporary compile folder untouched this long belongs to a container that died
-CONTEXT_MODEL = "model_ctx.onnx"  # an EP context model in a key folder: loaded instead of the original
 FORMAT = 1
 
 # The distributions whose versions change what a provider compiles.
@@ -334,7 +330,8 @@ def publish(cache: Cache, extra: dict[str, Any]) -> dict[str, Any]:
     import shutil  # here: start-up without a cache to publish never needs it
 
     assert cache.folder is not None and cache.final is not None
-    record = {"format": FORMAT, "key": cache.key, "parts": cache.parts, **extra, "files": files_of(cache.folder)}
+    record = {"format": FORMAT, "key": cache.key, "short": short(cache.parts), "parts": cache.parts, **extra,
+              "files": files_of(cache.folder)}
     staged = cache.folder / f".{RECORD}.tmp"
     staged.write_text(json.dumps(record, indent=2, sort_keys=True))
     staged.rename(cache.folder / RECORD)

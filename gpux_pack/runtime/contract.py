@@ -1,7 +1,14 @@
-"""gpux.json, the contract between the packager and the image's runtime: frozen, typed and
-versioned. The packager's plan builds a GpuxJson and writes it (dump); the runtime reads it once
-at start (parse), which checks every field, and from then on reads attributes, never keys.
-`gpux-pack schema --of gpux.json` and gpux-json.schema.json describe it (schema()).
+"""The contract between the packager and the image's runtime: what both sides must agree on,
+spelled once. The packager imports nothing else of the runtime (the import contract says so);
+the runtime builds on it.
+
+- Paths: where things are in an image; the packager puts them there, the runtime finds them.
+- Tensor element types: canonical names, numpy's, KServe v2's and ONNX's.
+- The device: the CPU and NVIDIA's GPU, as a compiled cache's key and a plugin EP's refusal name them.
+- gpux.json: frozen, typed and versioned. The packager's plan builds a GpuxJson and writes it
+  (dump); the runtime reads it once at start (parse), which checks every field, and from then on
+  reads attributes, never keys. `gpux-pack schema --of gpux.json` and gpux-json.schema.json
+  describe it (schema()).
 
 Standard library only: the runtime's settings read it before anything heavy, and the packager
 imports it without the runtime's libraries."""
@@ -9,10 +16,186 @@ imports it without the runtime's libraries."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, Union
+
+
+# ---------------------------------------------------------------------------------------------
+# where things are in an image
+
+APP_DIR = "/opt/gpux"
+SITE = f"{APP_DIR}/site-packages"  # the locked wheels, installed on the build host
+CACHE_DIR = f"{APP_DIR}/cache"  # GPUX_CACHE_DIR: owned by the image's user, so a volume mounted there is writable
+BAKED_DIR = f"{APP_DIR}/warm"  # caches `gpux-pack warmup` bakes into the image (read in place)
+FALLBACK_CACHE_DIR = "/tmp/gpux-cache"  # when GPUX_CACHE_DIR cannot be written (read-only root, no volume)
+CACHE_PLACEHOLDER = "${GPUX_CACHE_DIR}"  # in provider options: this container's cache folder, put in at start
+CONTEXT_MODEL = "model_ctx.onnx"  # an EP context model in a cache key folder: loaded instead of the original
+RECORD = "warmup.json"  # a cache key folder's record: its key, its parts, its short name, its files
+ASSETS = "assets"  # files preprocessing reads (a tokenizer.json), in APP_DIR: gpux.json names them from there
+MODEL_SIGNATURE = "model.sig"  # in ASSETS: the model files' OpenSSF model-signing bundle (build --sign-model)
+MODEL_PUBLIC_KEY = "model.pub"  # in ASSETS: the key that bundle verifies with
+# What model signing leaves out of APP_DIR: the packages and the runtime (the SBOM lists them), the
+# cache folders (caches.py checks a baked cache by its key) and the signature itself. Everything
+# else there (gpux.json, the model's files, preprocessing's assets) decides the answers: signed.
+UNSIGNED = ("site-packages", "runtime", "cache", "warm", f"{ASSETS}/{MODEL_SIGNATURE}", f"{ASSETS}/{MODEL_PUBLIC_KEY}")
+DRAIN_SECONDS = 8.0  # GPUX_DRAIN_SECONDS's default (docker stop waits 10 s); deploy's grace follows it
+
+
+class NotRegular(OSError):
+    """What open_regular found is no regular file (a FIFO, a device, a folder)."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """The file, opened without waiting (a FIFO would block the open), not through a symbolic
+    link (what the caller checked or recorded is the path, not where a link leads), and only if it
+    is a regular file: a FIFO never answers a read and a link to /dev/zero never ends. NotRegular
+    (an OSError, as a missing file's) otherwise. The packager's model-only rebuild and the
+    runtime's cache checks read through it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(f"{path.name} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+# ---------------------------------------------------------------------------------------------
+# tensor element types
+
+# canonical name: (numpy dtype name, KServe v2 datatype, ONNX TensorProto enum value)
+# bfloat16: numpy has none, so it is carried as its uint16 bit patterns (2 bytes, little-endian,
+# as KServe v2 binary data and gRPC raw contents hold it) and handed to ONNX Runtime as bfloat16.
+# JSON cannot carry it: binary data and gRPC raw contents only (BINARY_ONLY).
+DTYPES: dict[str, tuple[str, str, int]] = {
+    "float32": ("float32", "FP32", 1),
+    "uint8": ("uint8", "UINT8", 2),
+    "int8": ("int8", "INT8", 3),
+    "uint16": ("uint16", "UINT16", 4),
+    "int16": ("int16", "INT16", 5),
+    "int32": ("int32", "INT32", 6),
+    "int64": ("int64", "INT64", 7),
+    "string": ("object", "BYTES", 8),
+    "bool": ("bool", "BOOL", 9),
+    "float16": ("float16", "FP16", 10),
+    "float64": ("float64", "FP64", 11),
+    "uint32": ("uint32", "UINT32", 12),
+    "uint64": ("uint64", "UINT64", 13),
+    "bfloat16": ("uint16", "BF16", 16),
+}
+
+# Types a request or an answer carries only as binary data (a uint16 in JSON would be bits, not a number).
+BINARY_ONLY: frozenset[str] = frozenset({"bfloat16"})
+
+# What people write in gpux.yml besides the canonical names (GPUX, numpy, KServe and ONNX spellings).
+ALIASES: dict[str, str] = {
+    "float": "float32", "fp32": "float32", "tensor(float)": "float32",
+    "double": "float64", "fp64": "float64", "tensor(double)": "float64",
+    "half": "float16", "fp16": "float16", "tensor(float16)": "float16",
+    "bf16": "bfloat16", "tensor(bfloat16)": "bfloat16",
+    "long": "int64", "tensor(int64)": "int64", "tensor(int32)": "int32",
+    "str": "string", "bytes": "string", "tensor(string)": "string",
+    "boolean": "bool", "tensor(bool)": "bool", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
+}
+
+ONNX_TO_NAME: dict[int, str] = {onnx_type: name for name, (_, _, onnx_type) in DTYPES.items()}
+V2_TO_NAME: dict[str, str] = {v2: name for name, (_, v2, _) in DTYPES.items()}
+
+
+def canonical(name: str) -> str | None:
+    """The canonical dtype for a spelling, or None when it is not a tensor type we serve."""
+    key = str(name).strip().lower()
+    if key in DTYPES:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    return V2_TO_NAME.get(str(name).strip().upper())
+
+# ---------------------------------------------------------------------------------------------
+# the device
+
+# CPU features compiled code may depend on (x86 flags, aarch64 Features); the rest of
+# /proc/cpuinfo (bugs, power management) does not change what a compiler emits.
+ISA = {
+    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd",
+    "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
+    "asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "bf16", "i8mm", "sme",
+}
+
+def device_of(provider: str) -> str:
+    """The device a provider compiles for: the GPU (name and compute capability) for NVIDIA's
+    providers, else the CPU (model name and the ISA features compiled code may use)."""
+    if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+        return nvidia_device()
+    return cpu_device()
+
+
+def cpu_device() -> str:
+    _, model, flags = _cpuinfo()
+    return f"cpu: {model} [{' '.join(sorted(flags))}]"
+
+
+def cpu_vendor() -> tuple[str, str]:
+    """('AuthenticAMD', 'AMD EPYC 7763 64-Core Processor'): which plugin EPs offer a device
+    depends on it (OpenVINO's matches Intel's vendor id only)."""
+    vendor, model, _ = _cpuinfo()
+    return vendor or "unknown vendor", model
+
+
+def _cpuinfo() -> tuple[str, str, set[str]]:
+    """The first CPU's vendor id, model name and ISA flags from /proc/cpuinfo."""
+    vendor, model, flags = "", os.uname().machine, set()
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif name in ("model name", "cpu model") and model == os.uname().machine:
+            model = " ".join(value.split())
+        elif name in ("flags", "features") and not flags:
+            flags = set(value.split()) & ISA
+    return vendor, model, flags
+
+
+def no_device(ep: str, device: str, offered: list[str], vendor: str, model: str) -> str:
+    """The one line said when a plugin EP offers no device of the kind asked for: by the
+    runtime at start, and by `plan` and `providers` before a build."""
+    if device == "CPU" and vendor != "GenuineIntel":
+        why = f"this CPU is {vendor}, {model}; the plugin offers devices on Intel's (vendor id 0x8086) only"
+    else:
+        why = f"it offers {', '.join(sorted(set(offered))) or 'none'}" + (
+            "; start the container with --device /dev/dri" if device in ("GPU", "NPU") else "")
+    return f"the {ep} plugin offers no {device} device here: {why}"
+
+
+def nvidia_device(index: int = 0) -> str:
+    """'gpu: NVIDIA H200 sm90 (driver 13000)' through the driver API (libcuda.so.1, mounted by
+    the NVIDIA container toolkit); 'gpu: none (...)' without one."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "gpu: none (libcuda.so.1 not found)"
+    device, major, minor, version = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    name = ctypes.create_string_buffer(256)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(device), index) != 0:
+        return "gpu: none (no CUDA device)"
+    cuda.cuDeviceGetName(name, 256, device)
+    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)
+    cuda.cuDriverGetVersion(ctypes.byref(version))
+    return f"gpu: {name.value.decode(errors='replace')} sm{major.value}{minor.value} (driver {version.value})"
+
+# ---------------------------------------------------------------------------------------------
+# gpux.json
 
 FORMAT = 2  # gpux.json's version: a runtime reads its own format only (an image's runtime and gpux.json are built together)
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .budget import Charge
-from .dtypes import BINARY_ONLY, DTYPES
+from .contract import BINARY_ONLY, DTYPES
 from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .tensors import RequestError, from_binary, to_binary
 from .v2 import V2Input, V2Request, check

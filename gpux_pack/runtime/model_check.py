@@ -2,7 +2,7 @@
 model loads: the DSSE envelope's ECDSA signature verified with the public key (over DSSE's
 pre-authentication encoding), then each file the signed statement lists hashed and compared
 (gpux.json, the assets such as the tokenizer.json, the model's files), and no other file in the
-image's folder but what signing leaves out (paths.UNSIGNED). Any difference is a StartupError:
+image's folder but what signing leaves out (contract.UNSIGNED). Any difference is a StartupError:
 the container never serves a changed model, label, normalisation or tokenizer.
 
 Asked for by gpux.yml's pack.verify_model (gpux.json's model_signature.verify) or by
@@ -17,8 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from .contract import GpuxJson
-from .paths import ASSETS, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, UNSIGNED
+from .contract import ASSETS, GpuxJson, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, UNSIGNED
 from .settings import StartupError
 
 PREDICATE = "https://model_signing/signature/v1.0"

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .contract import GpuxJson
-from .dtypes import DTYPES
+from .contract import DTYPES, GpuxJson
 from .tensors import ServedTensor
 
 _JSON_TYPES = {"bool": "boolean", "string": "string"}

@@ -31,7 +31,7 @@ from .session import Items, Model
 from .warmup import AccuracyError
 from .tensors import (JSON_FACTOR, WHOLE_PARSE, labelled, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
                       encode_predict, hole_inputs, numeric_body, parse_json, plain_numbers, to_json)
-from .dtypes import BINARY_ONLY, DTYPES
+from .contract import BINARY_ONLY, DTYPES
 from .v2 import V2Request, decode_rest, encode_v2, split_binary
 
 log = logging.getLogger("gpux")

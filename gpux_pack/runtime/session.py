@@ -23,9 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import caches, contract, model_check
-from .contract import GpuxJson
-from .devices import cpu_vendor, no_device
-from .dtypes import BINARY_ONLY
+from .contract import BINARY_ONLY, CONTEXT_MODEL, GpuxJson, cpu_vendor, no_device
 from .settings import Settings, StartupError
 from .tensors import RequestError, ServedTensor
 
@@ -388,7 +386,7 @@ def _compiled(cache: caches.Cache, original: Path, raw: list[tuple[str, dict[str
     model (TensorRT's, written through trt_dump_ep_context_model; a plugin's, from the compile
     API), else the original, compiled first into the cache folder when the provider can."""
     usable = [(n, caches.expand(o, cache.folder)) for n, o in raw]
-    context = cache.folder / caches.CONTEXT_MODEL if cache.folder is not None else None
+    context = cache.folder / CONTEXT_MODEL if cache.folder is not None else None
     if context is None:
         return original, usable
     if cache.source != "compiled":
@@ -503,7 +501,7 @@ def last_line(e: Exception) -> str:
     return (lines[-1] if lines else type(e).__name__)[:200]
 
 
-BFLOAT16 = 16  # ONNX TensorProto.BFLOAT16 (dtypes.DTYPES["bfloat16"])
+BFLOAT16 = 16  # ONNX TensorProto.BFLOAT16 (contract.DTYPES["bfloat16"])
 
 
 def run_bf16(session: Any, names: list[str], feeds: dict[str, Any], options: Any, bf16: Any) -> list[Any]:

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import ContractError, GpuxJson, parse
-from .paths import BAKED_DIR, FALLBACK_CACHE_DIR
+from .contract import BAKED_DIR, DRAIN_SECONDS, FALLBACK_CACHE_DIR, ContractError, GpuxJson, parse
 
 
 DEFAULT_CONFIG = "/opt/gpux/gpux.json"
@@ -46,7 +45,6 @@ class ConfigurationError(StartupError):
         self.key = key
 
 
-DRAIN_SECONDS = 8.0  # GPUX_DRAIN_SECONDS's default (docker stop waits 10 s); deploy's grace follows it
 VARIABLES = ("GPUX_CACHE_DIR", "GPUX_CONFIG", "GPUX_DRAIN_SECONDS", "GPUX_HOST", "GPUX_LOG_FORMAT", "GPUX_LOG_LEVEL",
              "GPUX_MAX_BODY_BYTES", "GPUX_MAX_HEADER_BYTES", "GPUX_MAX_IMAGE_PIXELS", "GPUX_MAX_QUEUE",
              "GPUX_MAX_REQUEST_BYTES", "GPUX_MAX_WORKERS", "GPUX_MODEL_PUBLIC_KEY", "GPUX_PORT", "GPUX_PROVIDERS",

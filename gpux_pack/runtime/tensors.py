@@ -14,8 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
-from .contract import Tensor
-from .dtypes import BINARY_ONLY, DTYPES
+from .contract import BINARY_ONLY, DTYPES, Tensor
 
 
 class RequestError(Exception):

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .dtypes import BINARY_ONLY, DTYPES
+from .contract import BINARY_ONLY, DTYPES
 from .tensors import (RequestError, ServedTensor, binary_view, check_shape, dumps, from_binary, json_refused,
                       parse_json, to_array, to_binary, to_json)
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import caches
-from .dtypes import BINARY_ONLY, DTYPES
+from .contract import BINARY_ONLY, DTYPES
 from .session import every_cpu, last_line, run_bf16, session_options
 from .settings import StartupError
 from .tensors import bf16_to_float32, float32_to_bf16

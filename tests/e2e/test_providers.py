@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gpux_pack.runtime.devices import cpu_vendor
+from gpux_pack.runtime.contract import cpu_vendor
 from tests.conftest import BASE_IMAGE, EXAMPLES, copy_example, free_port, intel_cpu, on_intel_cpu, run_cli, serve
 
 pytestmark = pytest.mark.e2e

@@ -244,7 +244,7 @@ def test_bf16_conversions_match_ml_dtypes():
 
 
 def test_dtypes_table_stays_pure_data_and_knows_bf16():
-    from gpux_pack.runtime import dtypes
+    from gpux_pack.runtime import contract as dtypes
 
     assert dtypes.DTYPES["bfloat16"] == ("uint16", "BF16", 16)
     assert dtypes.canonical("BF16") == dtypes.canonical("bf16") == dtypes.canonical("tensor(bfloat16)") == "bfloat16"

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpux_pack.runtime import caches, devices
+from gpux_pack.runtime import caches, contract
 
 SPEC = {"model": {"sha256": "ab" * 32}}
 OPTS = {"device_type": "CPU", "cache_dir": "${GPUX_CACHE_DIR}/openvino"}
@@ -38,7 +38,7 @@ def test_the_key_covers_what_compiled_code_depends_on_and_not_the_cache_path():
     assert parts()["options"] == {"device_type": "CPU"}  # the cache path is not part of the key
     assert caches.short(parts()) == f"avx2-{base[:6]}"
     assert caches.short(parts(device="gpu: NVIDIA H200 sm90 (driver 13000)")).startswith("sm90-")
-    assert devices.cpu_device().startswith("cpu: ")
+    assert contract.cpu_device().startswith("cpu: ")
 
 
 def test_a_compiled_cache_is_found_again_as_volume_and_verified(tmp_path):

@@ -21,9 +21,8 @@ from gpux_pack.engine import containers
 from gpux_pack.engine.image_labels import GpuxImage
 from gpux_pack.errors import UsageError
 from gpux_pack.plan import HEALTH_START
-from gpux_pack.runtime.paths import CACHE_DIR
+from gpux_pack.runtime.contract import CACHE_DIR, DRAIN_SECONDS
 from gpux_pack.providers import Devices
-from gpux_pack.runtime.settings import DRAIN_SECONDS
 from tests.manifests import validate
 
 IMAGE = "reg.example/team/iris@sha256:" + "ab" * 32

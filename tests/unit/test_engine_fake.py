@@ -26,7 +26,7 @@ from gpux_pack.image.assembler import ASSEMBLED, load
 from gpux_pack.image.context import Context, Entry
 from gpux_pack.image.maker import Assembler
 from gpux_pack.pipeline import bake
-from gpux_pack.runtime.paths import CACHE_DIR
+from gpux_pack.runtime.contract import CACHE_DIR
 from gpux_pack.ui import Reporter
 from tests.fake_engine import FakeEngine
 

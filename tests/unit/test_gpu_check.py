@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from gpux_pack import providers
-from gpux_pack.runtime import devices
+from gpux_pack.runtime import contract as devices
 from gpux_pack.runtime.tensors import ServedTensor
 
 ROOT = Path(__file__).resolve().parents[2]

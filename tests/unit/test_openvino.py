@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from gpux_pack import providers
-from gpux_pack.runtime import caches, devices
+from gpux_pack.runtime import caches, contract
 from gpux_pack.runtime.session import Model, StartupError
 from tests.conftest import INTEL_CPU_MODEL, QEMU, ROOT, intel_cpu
 from tests.in_process import settings, spec_dir
@@ -59,7 +59,7 @@ def test_compiled_once_then_the_context_model_loads(tmp_path):
     first, second = _intel(folder, 2)
     for start in (first, second):
         assert start["active"][0] == "OpenVINOExecutionProvider", start
-        assert start["file"] == caches.CONTEXT_MODEL and start["partition"] == {"OpenVINOExecutionProvider": 4}
+        assert start["file"] == contract.CONTEXT_MODEL and start["partition"] == {"OpenVINOExecutionProvider": 4}
         assert all(e["max_abs"] < 1e-5 for e in start["accuracy"].values()), start["accuracy"]
     assert (first["cache"], second["cache"]) == ("compiled", "volume")
     [key] = [p for p in (folder / "cache").iterdir() if not p.name.startswith(".")]
@@ -78,7 +78,7 @@ def test_no_device_is_one_line_then_the_cpu_provider(tmp_path, caplog):
         assert json.loads(proc.stdout.strip().splitlines()[-1])[0]["active"] == ["CPUExecutionProvider"]
         assert "the OpenVINOExecutionProvider plugin offers no CPU device here" in proc.stderr
         return
-    vendor, model = devices.cpu_vendor()
+    vendor, model = contract.cpu_vendor()
     line = f"the OpenVINOExecutionProvider plugin offers no CPU device here: this CPU is {vendor}, {model}; the " \
            "plugin offers devices on Intel's (vendor id 0x8086) only"
     with caplog.at_level(logging.WARNING, logger="gpux"):

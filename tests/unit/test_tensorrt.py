@@ -17,7 +17,7 @@ from gpux_pack.errors import BuildError
 from gpux_pack.image.dockerfile import link_check_command
 from gpux_pack.install import check_links
 from gpux_pack.plan import RuntimeBase, execution_providers
-from gpux_pack.runtime.paths import SITE
+from gpux_pack.runtime.contract import SITE
 from gpux_pack.project.load import load_project
 from gpux_pack.providers import BaseImage
 from gpux_pack import linkcheck

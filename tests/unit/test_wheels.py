@@ -3,7 +3,7 @@ import hashlib
 import pytest
 
 from gpux_pack import wheels
-from gpux_pack.runtime.paths import SITE
+from gpux_pack.runtime.contract import SITE
 from gpux_pack.wheels import Lock, Pin, Target
 
 UV_OUTPUT = """click==8.5.1 \\
