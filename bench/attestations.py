@@ -36,7 +36,7 @@ import docker  # noqa: E402
 
 from gpux_pack.image import provenance, sbom  # noqa: E402
 from gpux_pack.pipeline import attest  # noqa: E402
-from gpux_pack.pipeline.build import load, locked, plan_for  # noqa: E402
+from gpux_pack.pipeline.build import load, plan_for, resolver  # noqa: E402
 from gpux_pack.plan import Options  # noqa: E402
 from gpux_pack.registry import referrers, signatures  # noqa: E402
 from gpux_pack.registry.push import push  # noqa: E402
@@ -80,8 +80,8 @@ def measure(name: str, project: Path, rounds: int, address: str, key) -> dict:
     _cli("build", str(project), "--provider", "cpu", "--base-image", BASE, "--tag", tag, "--quiet")  # warm
     builds = [_cli("build", str(project), "--provider", "cpu", "--base-image", BASE, "--tag", tag, "--quiet")
               for _ in range(rounds)]
-    plan = locked(plan_for(load(project), "cpu", "bench", Options(base_image=BASE, tag=tag), client, ui, pull=False),
-                  ui, client=client)
+    plan = plan_for(load(project), "cpu", "bench", Options(base_image=BASE, tag=tag), client, ui, pull=False,
+                    resolve=resolver(ui))
     image = client.images.get(tag)
     from gpux_pack.image.builder import BuiltImage
 

@@ -102,14 +102,16 @@ def image_folder(example: Path, folder: Path) -> Any:
     """model/ and gpux.json as a cuda image holds them (the build writes the same gpux.json),
     from the real planning code: no Docker, no wheels, no network."""
     from gpux_pack.pipeline.build import load, plan_for
-    from gpux_pack.plan import Options, with_lock
+    from gpux_pack import providers
+    from gpux_pack.plan import Options, pinned
     from gpux_pack.ui import Reporter
-    from gpux_pack.wheels import Lock, Pin
+    from gpux_pack.wheels import Pin
 
     loaded = load(example)
-    plan = plan_for(loaded, "cuda", "gpu_check: cuda", Options(), None, Reporter(quiet=True), pull=False)
-    pin = Pin(plan.provider.ort, plan.provider.version, frozenset())  # the row's onnxruntime-gpu, as a lock pins it
-    spec = with_lock(plan, Lock(plan.target, plan.requirements, (pin,))).gpux_json
+    row = providers.get("cuda")
+    pin = Pin(row.ort, row.version, frozenset())  # the row's onnxruntime-gpu, as a lock pins it
+    spec = plan_for(loaded, "cuda", "gpu_check: cuda", Options(), None, Reporter(quiet=True), pull=False,
+                    resolve=pinned(pin)).gpux_json
     for name in loaded.model.files:  # external data too, at the paths the model names
         target = folder / "model" / name
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -172,13 +172,13 @@ def measure(client, provider: str, base: str, rounds: int, work: Path) -> dict:
 def _wheels_of(project: Path, provider: str, base: str) -> list[Path]:
     """The wheel files `gpux-pack render` would install, found through the CLI's own lock."""
     from gpux_pack import engine
-    from gpux_pack.pipeline.build import load, locked, plan_for
+    from gpux_pack.pipeline.build import load, plan_for, resolver
     from gpux_pack.plan import Options
     from gpux_pack.ui import Reporter
 
     ui = Reporter(quiet=True)
-    plan = locked(plan_for(load(project), provider, "bench", Options(base_image=base), engine.connect(), ui,
-                           pull=False), ui)
+    plan = plan_for(load(project), provider, "bench", Options(base_image=base), engine.connect(), ui, pull=False,
+                    resolve=resolver(ui))
     return [w.path for w in wheels.fetch(plan.lock).wheels]
 
 

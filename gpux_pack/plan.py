@@ -19,7 +19,7 @@ import unicodedata
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gpux_pack import __version__, sources
 from gpux_pack.errors import ModelError, UsageError
@@ -34,7 +34,7 @@ from gpux_pack.timestamps import created_now
 from gpux_pack.runtime import contract
 from gpux_pack.runtime.contract import (APP_DIR, ASSETS, CACHE_DIR, CACHE_PLACEHOLDER, CONTEXT_MODEL, MODEL_PUBLIC_KEY,
                                         MODEL_SIGNATURE, SITE)
-from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Target
+from gpux_pack.wheels import ARCHES, INSTALL_FORMAT, Lock, Pin, Target
 
 RUNTIME_BASES = "gpux-pack/runtime-"  # every runtime base image's repository starts so: `base ls|prune` find them
 # seconds a container has to load and warm up before failed health checks count (Docker's
@@ -146,7 +146,7 @@ class RuntimeBase:
     platform: str
     link_check: str  # host | image | off: see link_check_mode
     nvidia_libs: str  # wheels | base
-    lock: Lock | None = None  # set by with_lock
+    lock: Lock | None = None  # None: planned without resolving the wheels (see Resolve)
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -165,7 +165,7 @@ class RuntimeBase:
     def tag(self) -> str:
         """A digest of everything that makes it: base image, lock, install format, link check,
         templates, runtime sources and the link check script (sources.shipped), gpux-pack version."""
-        assert self.lock is not None, "the tag names the lock: plan.with_lock first"
+        assert self.lock is not None, "the tag names the lock: plan with a resolver"
         h = hashlib.sha256()
         parts = [__version__, INSTALL_FORMAT, self.provider.name, self.base.image, self.base.id, self.base.python,
                  self.link_check, self.lock.target.describe(), self.config.python]
@@ -221,11 +221,9 @@ class Plan:
     nvidia_libs: str  # wheels | base
     link_check: str  # host | image | off: see link_check_mode
     index_tag: str | None = None  # several platforms: the index's tag (tag is this platform's)
-    lock: Lock | None = None  # set by with_lock, once the wheels are resolved for target
-    runtime_base_present: bool = False  # the engine has the runtime base image: only the model is made
+    lock: Lock | None = None  # the wheels resolved for target; None: planned without resolving them (see Resolve)
     externalize: bool = False  # the image keeps the model's large inline weights in a data file: see externalize
     sign_model: Path | None = None  # the key that signs the model files at build (the image then carries the bundle)
-    signature_files: tuple[tuple[str, bytes], ...] = ()  # (name, bytes) under assets/: the bundle and public key
 
     @property
     def model_files(self) -> tuple[str, ...]:
@@ -254,17 +252,16 @@ class Plan:
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        grpc = GRPC_REQUIREMENTS if self.config.serving.grpc_port else ()
-        text = TEXT_REQUIREMENTS if self.signature.text else ()
-        image = IMAGE_REQUIREMENTS if self.signature.image else ()
-        signed = MODEL_SIGNATURE_REQUIREMENTS if self.sign_model else ()
-        return (*self.provider.requirements(self.nvidia_libs), *grpc, *text, *image, *signed,
-                *self.config.pack.requirements)
+        return requirements(self.project, self.signature, self.provider, self.nvidia_libs, self.sign_model)
 
     @property
     def excludes(self) -> tuple[str, ...]:
-        """Distributions a requirement declares and the image never imports: left out of the lock."""
-        return TEXT_EXCLUDES if self.signature.text else ()
+        return excludes(self.signature)
+
+    @property
+    def carries_assets(self) -> bool:
+        """The image has an assets layer: preprocessing's files, or the model's signature bundle."""
+        return bool(self.assets) or self.sign_model is not None
 
     @property
     def assets(self) -> tuple[tuple[str, Path], ...]:
@@ -291,10 +288,6 @@ class Plan:
     def runtime_base(self) -> RuntimeBase:
         """The runtime base image it builds on (made from this plan's lock)."""
         return RuntimeBase(self.provider, self.base, self.platform, self.link_check, self.nvidia_libs, self.lock)
-
-    @property
-    def makes_runtime_base(self) -> bool:
-        return not self.runtime_base_present
 
     @cached_property
     def labels(self) -> dict[str, str]:
@@ -332,6 +325,33 @@ def _python_from_tag(image: str) -> str | None:
     return m.group(1) if m else None
 
 
+# What resolves a plan's wheels: (requirements, target, excludes) -> the lock (wheels.resolve, with
+# the command line's --refresh and --offline; a fixed lock in tests and for `serve` on this machine)
+Resolve = Callable[[tuple[str, ...], Target, tuple[str, ...]], Lock]
+
+
+def pinned(*pins: Pin) -> Resolve:
+    """A resolver that locks these pins whatever is asked: `serve` and `predict` on this machine
+    plan for the onnxruntime installed here."""
+    return lambda requirements, target, excludes: Lock(target, requirements, pins)
+
+
+def requirements(project: Project, signature: Signature, provider: Provider, nvidia_libs: str,
+                 sign_model: Path | None) -> tuple[str, ...]:
+    """What the image's wheels must satisfy: the provider's, then what the project's features need."""
+    cfg = project.config
+    grpc = GRPC_REQUIREMENTS if cfg.serving.grpc_port else ()
+    text = TEXT_REQUIREMENTS if signature.text else ()
+    image = IMAGE_REQUIREMENTS if signature.image else ()
+    signed = MODEL_SIGNATURE_REQUIREMENTS if sign_model else ()
+    return (*provider.requirements(nvidia_libs), *grpc, *text, *image, *signed, *cfg.pack.requirements)
+
+
+def excludes(signature: Signature) -> tuple[str, ...]:
+    """Distributions a requirement declares and the image never imports: left out of the lock."""
+    return TEXT_EXCLUDES if signature.text else ()
+
+
 def make_plan(
     project: Project,
     model: ModelInfo,
@@ -340,8 +360,11 @@ def make_plan(
     reason: str,
     base: BaseImage,
     options: Options,
+    resolve: Resolve | None = None,
 ) -> Plan:
-    """A model image's plan, before its wheels are resolved (with_lock)."""
+    """A model image's plan, made once from what was gathered (the project, the model, the base
+    image's facts) and, with resolve, the wheels it locks (without: the table's onnxruntime,
+    "unknown" in labels and gpux.json; `plan --offline` and tests)."""
     cfg = project.config
     check_model_for(model, provider)
     if cfg.pack.python and base.probed and cfg.pack.python != base.python:
@@ -354,6 +377,11 @@ def make_plan(
         index_tag, tag = f"{repo}:{name}", image_tag(project, provider.name, f"{repo}:{name}-{platform.split('/')[1]}")
     warmup = warmup_mode(options.warmup or cfg.pack.warmup, provider, options.host)
     on_device = options.host is not None and options.host.has(provider.device)
+    nvidia_libs = cfg.pack.nvidia_libs or base.nvidia_libs
+    lock = None
+    if resolve is not None:
+        lock = resolve(requirements(project, signature, provider, nvidia_libs, options.sign_model),
+                       Target(base.python, base.arch, base.glibc), excludes(signature))
     return Plan(
         project=project,
         model=model,
@@ -367,8 +395,9 @@ def make_plan(
         warmup=warmup,
         warm_devices=devices_for(provider) if warmup == "baked" and on_device else Devices(),
         created=created_now(),
-        nvidia_libs=cfg.pack.nvidia_libs or base.nvidia_libs,
+        nvidia_libs=nvidia_libs,
         link_check=link_check_mode(cfg.pack.link_check, base),
+        lock=lock,
         externalize=externalize(cfg.pack.weights, model),
         sign_model=options.sign_model,
     )
@@ -394,13 +423,15 @@ def externalize(setting: str, model: ModelInfo) -> bool:
 
 
 def plan_runtime_base(provider: Provider, base: BaseImage, platform: str | None, link_check: bool,
-                      nvidia_libs: str | None = None) -> RuntimeBase:
+                      nvidia_libs: str | None = None, resolve: Resolve | None = None) -> RuntimeBase:
     """A runtime base image on its own (`gpux-pack base build|render`): the same checks as a
-    model image's base, before its wheels are resolved (with_lock). nvidia_libs: --nvidia-libs,
-    else the base image's."""
+    model image's base, and with resolve its wheels locked. nvidia_libs: --nvidia-libs, else the
+    base image's."""
     base = replace(base, nvidia_libs=nvidia_libs) if nvidia_libs else base
+    wanted = provider.requirements(base.nvidia_libs)
+    lock = resolve(wanted, Target(base.python, base.arch, base.glibc), ()) if resolve is not None else None
     return RuntimeBase(provider, base, check_base(provider, base, platform), link_check_mode(link_check, base),
-                       base.nvidia_libs)
+                       base.nvidia_libs, lock)
 
 
 def check_base(provider: Provider, base: BaseImage, platform: str | None) -> str:
@@ -438,14 +469,6 @@ def link_check_mode(enabled: bool, base: BaseImage) -> str:
     if not enabled:
         return "off"
     return "image" if base.system_packages else "host"
-
-
-def with_lock(plan: Any, lock: Lock, runtime_base_present: bool = False) -> Any:
-    """A Plan or RuntimeBase once its wheels are resolved; a Plan also learns whether the engine
-    already has the runtime base image that lock implies (then only the model is made)."""
-    if isinstance(plan, Plan):
-        return replace(plan, lock=lock, runtime_base_present=runtime_base_present)
-    return replace(plan, lock=lock)
 
 
 def check_model_for(model: ModelInfo, provider: Provider) -> None:

@@ -23,9 +23,10 @@ def plans(path: Path, provider: str | None, tag: str | None, options: Options, o
     host = engine.host_info(client) if client is not None else None
     out = []
     for name in decision.providers:
-        plan = build.locked(build.plan_for(loaded, name, decision.reason, options, client, ui, pull=False), ui,
-                            client=client, offline=offline)
+        plan = build.plan_for(loaded, name, decision.reason, options, client, ui, pull=False,
+                              resolve=build.resolver(ui, offline=offline))
         lock = plan.lock
+        assert lock is not None, "planned with a resolver"
         known = wheels.sizes(lock, offline=offline)
         pins = [{"name": p.name, "version": p.version, "size_bytes": known[p.name][0], "cached": known[p.name][1]}
                 for p in lock.pins]
@@ -38,7 +39,7 @@ def plans(path: Path, provider: str | None, tag: str | None, options: Options, o
             "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
             "preprocessing": _preprocessing(plan),
             "digest_depends_on": _depends_on(plan),
-            "runtime_base": {"tag": plan.runtime_base.tag, "present": plan.runtime_base_present},
+            "runtime_base": {"tag": plan.runtime_base.tag, "present": build.runtime_base_present(client, plan)},
             "onnxruntime": lock.version_of(plan.provider.ort),
             "lock": pins,
             "download_bytes": sum(p["size_bytes"] or 0 for p in pins if not p["cached"]),

@@ -76,8 +76,13 @@ class Context:
         return sorted(out)
 
 
-def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> Context:
-    """A model image's context; without installed packages it builds on a runtime base image."""
+def model_context(plan: Plan, installed: Installed | None, dockerfile: str,
+                  signed: tuple[tuple[str, bytes], ...] = ()) -> Context:
+    """A model image's context; without installed packages it builds on a runtime base image.
+    signed: the model signature's bundle and public key, (name, bytes) under assets/, which a
+    plan that signs the model needs (image/model_signature.py makes them from this plan's files)."""
+    if (plan.sign_model is not None) != bool(signed):
+        raise PackError("the model's signature files do not match the plan (--sign-model)")
     entries = [
         Entry("Dockerfile", data=dockerfile.encode()),
         Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
@@ -85,10 +90,10 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str) -> C
     ]
     if installed is not None:
         entries += _runtime_base_entries(installed)
-    if plan.assets or plan.signature_files:  # the tokenizer.json (read, checked, once), the model's signature
+    if plan.carries_assets:  # the tokenizer.json (read, checked, once), the model's signature
         lands = LAYERS["assets"].lands
         files = [_file(f"{lands}/{name}", data=read_tokenizer(plan.signature.text)) for name, _ in plan.assets]
-        files += [_file(f"{lands}/{name}", data=data) for name, data in plan.signature_files]
+        files += [_file(f"{lands}/{name}", data=data) for name, data in signed]
         entries.append(layer(LAYERS["assets"], sorted(files, key=lambda m: m.name)))
     entries.append(layer(LAYERS["model"], model_members(plan)))
     return Context(tuple(sorted(entries, key=lambda e: e.name)))

@@ -179,7 +179,7 @@ def dockerfile(plan: Plan, part: str = "model") -> str:
         host_check=plan.link_check == "host",
         ports=plan.ports,
         labels=plan.labels,
-        assets=bool(plan.assets or plan.signature_files),
+        assets=plan.carries_assets,
     )
 
 

@@ -26,8 +26,8 @@ from gpux_pack.image.maker import Maker, OncePerTag, choose, model_recipe, runti
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.image.sbom import CompiledCache
 from gpux_pack.install import install
-from gpux_pack.plan import (Options, Plan, RuntimeBase, assumed_base, check_model_for, choose_base, image_tag,
-                            make_plan, notes, plan_runtime_base, weights_note, with_lock)
+from gpux_pack.plan import (Options, Plan, Resolve, RuntimeBase, assumed_base, check_model_for, choose_base,
+                            image_tag, make_plan, notes, plan_runtime_base, weights_note)
 from gpux_pack.project.load import Project, load_project
 from gpux_pack.project.model import ModelInfo, Signature, inspect_model, reconcile
 from gpux_pack.project.preprocess import download, locate
@@ -165,26 +165,42 @@ def base_facts(base: BaseImage, platform: str | None, python: str | None, client
 
 
 def plan_for(
-    loaded: Loaded, provider_name: str, reason: str, options: Options, client: Engine | None, ui: Reporter, pull: bool
+    loaded: Loaded, provider_name: str, reason: str, options: Options, client: Engine | None, ui: Reporter, pull: bool,
+    resolve: Resolve | None = None,
 ) -> Plan:
-    """The plan for one provider, before its wheels are resolved (see locked). With an engine,
-    the base image's facts are read from its files; without one, the table's are assumed."""
+    """The plan for one provider, made once: with an engine, the base image's facts are read
+    from its files first (without one, the table's are assumed); with resolve, its wheels are
+    locked as it is made (see resolver)."""
     project = loaded.project
     provider = providers.get(provider_name, cuda=project.config.pack.cuda)
     base = base_facts(choose_base(project, provider, options), options.platform, project.config.pack.python,
                       client, ui, pull, for_platform=options.multi_platform)
-    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options)
+    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options, resolve)
 
 
-def locked(plan: Plan, ui: Reporter, refresh: bool = False, client: Engine | None = None,
-           offline: bool = False) -> Plan:
-    """The plan with its wheels resolved for its target (cached by requirements and target),
-    and whether the engine (when given) already has the runtime base image they make."""
-    if not offline:
-        ui.info(f"resolving wheels for {plan.target.describe()}")
-    lock = wheels.resolve(plan.requirements, plan.target, refresh=refresh, offline=offline, excludes=plan.excludes)
-    present = client is not None and engine.image_exists(client, with_lock(plan, lock).runtime_base.tag)
-    return with_lock(plan, lock, runtime_base_present=present)
+def resolver(ui: Reporter, refresh: bool = False, offline: bool = False) -> Resolve:
+    """The plan's wheels resolved for its target (cached by requirements and target)."""
+    def resolve(requirements: tuple[str, ...], target: wheels.Target, excludes: tuple[str, ...]) -> wheels.Lock:
+        if not offline:
+            ui.info(f"resolving wheels for {target.describe()}")
+        return wheels.resolve(requirements, target, refresh=refresh, offline=offline, excludes=excludes)
+
+    return resolve
+
+
+def runtime_base_present(client: Engine | None, plan: Plan) -> bool:
+    """The engine already has the runtime base image the plan's lock makes: only the model is made."""
+    return client is not None and engine.image_exists(client, plan.runtime_base.tag)
+
+
+def with_tokenizer(loaded: Loaded, ui: Reporter) -> Loaded:
+    """The project's tokenizer.json found before planning: downloaded from the Hugging Face Hub
+    when neither the project nor its cache has it (the plan and the image carry the file)."""
+    text = loaded.signature.text
+    if text is None or text.tokenizer.path is not None:
+        return loaded
+    ui.info(f"downloading tokenizer.json of {text.tokenizer.repo} from the Hugging Face Hub")
+    return replace(loaded, signature=replace(loaded.signature, text=download(text)))
 
 
 def prepare(
@@ -201,27 +217,24 @@ def prepare(
     """build: a model context on the provider's runtime base image (prepared too when the engine
     lacks it). self_contained (render): one context with everything, which `docker build`
     turns into an image with the same layers."""
-    plan = locked(plan_for(loaded, provider_name, reason, options, client, ui, pull), ui, refresh,
-                  None if self_contained else client)
+    loaded = with_tokenizer(loaded, ui)
+    plan = plan_for(loaded, provider_name, reason, options, client, ui, pull, resolver(ui, refresh))
     if plan.externalize:
         ui.info(weights_note(plan.model.files[0], plan.model.inline_weights))
-    text = plan.signature.text
-    if text is not None and text.tokenizer.path is None:  # neither the project nor the Hugging Face cache has it
-        ui.info(f"downloading tokenizer.json of {text.tokenizer.repo} from the Hugging Face Hub")
-        plan = replace(plan, signature=replace(plan.signature, text=download(text)))
+    signed: tuple[tuple[str, bytes], ...] = ()
     if plan.sign_model is not None:  # what decides the answers, as the image holds it (OpenSSF model signing)
         ui.info(f"signing the model files, gpux.json and the assets with {plan.sign_model}")
-        plan = replace(plan, signature_files=model_signature.sign(plan, plan.sign_model))
+        signed = model_signature.sign(plan, plan.sign_model)
     if self_contained:
         installed = install(plan.runtime_base, ui)
-        return Prepared(plan, model_context(plan, installed, dockerfile(plan, part="image")))
+        return Prepared(plan, model_context(plan, installed, dockerfile(plan, part="image"), signed))
     base_context = None
-    if plan.makes_runtime_base:
+    if not runtime_base_present(client, plan):
         base_context = runtime_base_context(install(plan.runtime_base, ui),
                                             runtime_base_dockerfile(plan.runtime_base, tag=plan.runtime_base.tag))
     else:
         ui.info(f"runtime base image {plan.runtime_base.tag} is present: only the model is sent")
-    return Prepared(plan, model_context(plan, None, dockerfile(plan, part="model")), base_context)
+    return Prepared(plan, model_context(plan, None, dockerfile(plan, part="model"), signed), base_context)
 
 
 def make(client: Engine, prepared: Prepared, maker: Maker, ui: Reporter,
@@ -299,10 +312,7 @@ def prepare_runtime_base(provider_name: str, cuda: str, base_choice: str | None,
                          refresh: bool = False) -> tuple[RuntimeBase, Context]:
     provider = providers.get(provider_name, cuda=cuda)
     base = base_facts(providers.base_for(provider, base_choice), platform, None, client, ui, pull)
-    runtime_base = plan_runtime_base(provider, base, platform, link_check, nvidia_libs)
-    ui.info(f"resolving wheels for {runtime_base.target.describe()}")
-    runtime_base = with_lock(runtime_base, wheels.resolve(runtime_base.requirements, runtime_base.target,
-                                                          refresh=refresh))
+    runtime_base = plan_runtime_base(provider, base, platform, link_check, nvidia_libs, resolver(ui, refresh))
     dockerfile_text = runtime_base_dockerfile(runtime_base, tag=runtime_base.tag)
     return runtime_base, runtime_base_context(install(runtime_base, ui), dockerfile_text)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from gpux_pack import providers
 from gpux_pack.errors import UsageError
 from gpux_pack.pipeline import build
-from gpux_pack.plan import Options, with_lock
+from gpux_pack.plan import Options, pinned
 from gpux_pack.ui import Reporter
 from gpux_pack.project.preprocess import download
 from gpux_pack.runtime import contract
-from gpux_pack.wheels import Lock, Pin
+from gpux_pack.wheels import Pin
 
 RUNTIME_MODULES = ("onnxruntime", "uvicorn", "orjson", "prometheus_client")  # what the image's runtime imports
 
@@ -109,8 +109,9 @@ def stage(path: Path, flag: str | None, folder: Path, ui: Reporter) -> Staged:
     model stays where it is."""
     loaded = build.load(path)
     row, reason, version = host_provider(loaded, flag)
-    plan = build.plan_for(loaded, row.name, reason, Options(), None, Reporter(quiet=True), pull=False)  # no base: no news
-    spec = with_lock(plan, Lock(plan.target, plan.requirements, (Pin(row.ort, version, frozenset()),))).gpux_json
+    plan = build.plan_for(loaded, row.name, reason, Options(), None, Reporter(quiet=True), pull=False,  # no base: no news
+                          resolve=pinned(Pin(row.ort, version, frozenset())))
+    spec = plan.gpux_json
     # absolute: the runtime joins it to gpux.json's folder
     spec = replace(spec, model=replace(spec.model, path=str(loaded.model.path)))
     text = loaded.signature.text

@@ -331,7 +331,8 @@ def test_label_values_are_one_rule_built_and_rendered(tmp_path, docker_client, t
     """`build` (assembled on the host) and `render` + `docker build` give the same label bytes,
     the plan's, for values with every kind of separator, control and format character."""
     from gpux_pack.pipeline.build import load, plan_for
-    from gpux_pack.plan import Options, with_lock
+    from gpux_pack.plan import Options
+    from tests.locks import with_lock
     from gpux_pack.ui import Reporter
     from gpux_pack.wheels import Lock, Pin
 

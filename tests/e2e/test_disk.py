@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 from gpux_pack import wheels
-from gpux_pack.pipeline.build import load, locked, plan_for
+from gpux_pack.pipeline.build import load, plan_for, resolver
 from gpux_pack.errors import WheelError
 from gpux_pack.plan import Options
 from gpux_pack.staging import cache_dir
@@ -38,8 +38,8 @@ def small_cache(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_partial_wheel(small_cache):
-    plan = locked(plan_for(load(EXAMPLES / "mlp"), "cpu", "test", Options(), None, Reporter(quiet=True), pull=False),
-                  Reporter(quiet=True))
+    ui = Reporter(quiet=True)
+    plan = plan_for(load(EXAMPLES / "mlp"), "cpu", "test", Options(), None, ui, pull=False, resolve=resolver(ui))
     with pytest.raises(WheelError) as e:
         wheels.fetch(plan.lock)
     assert str(e.value).startswith(f"downloading wheels failed: no space left on device in {small_cache / 'wheels'}")

@@ -93,7 +93,8 @@ def render_project(project: Path, override_base: bool = True) -> Rendered:
     from gpux_pack.pipeline.build import load, plan_for
     from gpux_pack.image.context import model_context
     from gpux_pack.image.dockerfile import dockerfile
-    from gpux_pack.plan import Options, with_lock
+    from gpux_pack.plan import Options
+    from tests.locks import with_lock
     from gpux_pack.ui import Reporter
 
     loaded = load(project)

@@ -15,7 +15,8 @@ from gpux_pack.engine import rootfs
 from gpux_pack.image import provenance, sbom
 from gpux_pack.image.attestation_store import sbom_bytes
 from gpux_pack.pipeline import build
-from gpux_pack.plan import Options, with_lock
+from gpux_pack.plan import Options
+from tests.locks import with_lock
 from gpux_pack.registry import referrers
 from gpux_pack.ui import Reporter
 from tests.in_process import ROOT

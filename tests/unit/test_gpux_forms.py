@@ -9,7 +9,8 @@ import pytest
 from gpux_pack import providers
 from gpux_pack.pipeline import build
 from gpux_pack.errors import ConfigError
-from gpux_pack.plan import Options, gpux_json, with_lock
+from gpux_pack.plan import Options, gpux_json
+from tests.locks import with_lock
 from gpux_pack.project.config import model_name
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Lock, Pin

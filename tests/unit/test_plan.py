@@ -33,12 +33,12 @@ from gpux_pack.plan import (
     plan_runtime_base,
     tensorrt_profiles,
     warmup_mode,
-    with_lock,
 )
 from gpux_pack.providers import DEVICES, BaseImage, Devices, HostInfo, devices_for
 from gpux_pack.runtime import contract
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Lock, Pin
+from tests.locks import with_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "examples" / "mlp"  # name iris-mlp, version 1.0.0, port 8080, input features [batch, 4]
@@ -384,18 +384,36 @@ def test_runtime_base_tag_is_content_addressed(make, name, cuda):
 
 
 def test_runtime_base_tag_needs_a_lock(make):
-    with pytest.raises(AssertionError, match="with_lock"):
+    with pytest.raises(AssertionError, match="plan with a resolver"):
         make("cpu").runtime_base.tag
 
 
+def test_a_plan_is_made_once_with_its_lock(make, tmp_path):
+    """The resolver is asked once, with the plan's own requirements, target and excludes, and
+    the plan is made with what it answers: nothing amends it later."""
+    asked = []
+
+    def resolve(requirements, target, excludes):
+        asked.append((requirements, target, excludes))
+        return Lock(target, requirements, (Pin("onnxruntime", "9.9.9", frozenset({"0" * 64})),))
+
+    plan = plan_for(load(MLP), "cpu", "test", Options(), None, Reporter(quiet=True), pull=False, resolve=resolve)
+    assert asked == [(plan.requirements, plan.target, plan.excludes)]
+    assert plan.lock.pins[0].version == plan.ort_version == plan.gpux_json.onnxruntime == "9.9.9"
+    rb = plan_runtime_base(row("cpu"), row("cpu").bases["default"], None, True, resolve=resolve)
+    assert isinstance(rb, RuntimeBase) and rb.lock is not None and rb.tag == plan.runtime_base.tag
+    assert asked[-1] == (rb.requirements, rb.target, ())
+
+
 def test_runtime_base_present_means_only_the_model_is_made(make):
-    plan = make("cpu")
-    lock = lock_for(plan)
-    assert with_lock(plan, lock).makes_runtime_base
-    assert not with_lock(plan, lock, runtime_base_present=True).makes_runtime_base
-    assert plan.makes_runtime_base
-    rb = with_lock(plan_runtime_base(row("cpu"), row("cpu").bases["default"], None, True), lock)
-    assert isinstance(rb, RuntimeBase) and rb.lock is lock
+    from gpux_pack.pipeline.build import runtime_base_present
+    from tests.fake_engine import FakeEngine
+
+    plan = with_lock(make("cpu"), lock_for(make("cpu")))
+    fake = FakeEngine()
+    assert not runtime_base_present(fake, plan) and not runtime_base_present(None, plan)
+    fake.add_image(plan.runtime_base.tag)
+    assert runtime_base_present(fake, plan)
 
 
 @pytest.mark.parametrize(("name", "cuda"), ROWS)

@@ -16,7 +16,8 @@ from gpux_pack.pipeline import build
 from gpux_pack.image import context
 from gpux_pack.image import dockerfile as render
 from gpux_pack.image.layout import LAYERS, LINKCHECK
-from gpux_pack.plan import Options, plan_runtime_base, with_lock
+from gpux_pack.plan import Options, plan_runtime_base
+from tests.locks import with_lock
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Installed, Lock, Pin, Target
 

@@ -108,7 +108,8 @@ def test_one_table_row_is_a_new_provider(fake_provider, tmp_path):
     """providers, plan, the --provider help, the runtime's provider names and the device flags
     all follow the row."""
     from gpux_pack.pipeline.build import load, plan_for
-    from gpux_pack.plan import Options, with_lock
+    from gpux_pack.plan import Options
+    from tests.locks import with_lock
     from gpux_pack.runtime.settings import Settings
     from gpux_pack.ui import Reporter
     from gpux_pack.wheels import Lock, Pin

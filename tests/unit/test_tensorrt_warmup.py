@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpux_pack.pipeline.build import load, plan_for
-from gpux_pack.plan import Options, tensorrt_profiles, with_lock
+from gpux_pack.plan import Options, tensorrt_profiles
+from tests.locks import with_lock
 from gpux_pack.runtime import caches, contract
 from gpux_pack.ui import Reporter
 from gpux_pack.wheels import Lock, Pin
