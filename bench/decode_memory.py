@@ -23,10 +23,10 @@ import numpy as np
 PROBE = r"""
 import json, sys
 import numpy as np
-from gpux_pack.runtime.preprocess import Image
-spec = {"input": "image", "feed": "x", "type": "float32", "layout": "NCHW", "size": [224, 224],
-        "resize": [224, 224], "crop": None, "letterbox": False, "scale": 1 / 255, "mean": None, "std": None}
-step = Image(spec)
+from gpux_pack.runtime.contract import ImageStep
+from gpux_pack.runtime.preprocess import Picture
+step = Picture(ImageStep("image", "x", "float32", "NCHW", (224, 224), (224, 224), None, False, 114, 1 / 255, None, None,
+                         None))
 small = open(sys.argv[2], "rb").read()
 step.one(small, "warm")  # the libraries' own first-use memory is not the image's
 data = open(sys.argv[1], "rb").read()

@@ -18,7 +18,7 @@ def install(runtime_base: RuntimeBase, ui: Reporter) -> wheels.Installed:
     platform, and link-checked."""
     lock = runtime_base.lock
     assert lock is not None, "install needs the plan's lock"
-    installed = wheels.install(wheels.fetch(lock, log=ui.info), log=ui.info)
+    installed = wheels.unpack(wheels.fetch(lock, log=ui.info), log=ui.info)
     if not installed.compiled:
         ui.info(f"no bytecode shipped: this host runs Python {sys.version_info[0]}.{sys.version_info[1]}, "
                 f"the image {lock.target.python}")

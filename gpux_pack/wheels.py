@@ -504,7 +504,7 @@ class Installed:
         return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-def install(wheelhouse: Wheelhouse, log=lambda msg: None) -> Installed:
+def unpack(wheelhouse: Wheelhouse, log=lambda msg: None) -> Installed:
     """`uv pip install --target` of exactly the locked wheels, for the image's Python and
     platform (no interpreter of the target runs), trimmed and byte-compiled; cached by the
     lock's digest, so a rebuild installs nothing."""

@@ -36,7 +36,7 @@ class BuiltImage:
     loaded: Loadable | None = None  # what was loaded, when assembled (a model-only rebuild replays it)
 
 
-def build(
+def engine_build(
     client: Engine,
     ctx: Context,
     tag: str | None,

@@ -134,7 +134,7 @@ class Builder:
         self.client, self.ui, self.no_cache = client, ui, no_cache
 
     def make(self, recipe: Recipe) -> BuiltImage:
-        built = builder.build(self.client, recipe.context, recipe.tag, self.ui, self.no_cache, recipe.platform,
+        built = builder.engine_build(self.client, recipe.context, recipe.tag, self.ui, self.no_cache, recipe.platform,
                               title=recipe.building.format(mb=recipe.context.size_bytes / 1e6))
         return built if recipe.tag else replace(built, tag=recipe.shown)
 
@@ -144,7 +144,7 @@ class Builder:
             Entry("Dockerfile", data=warm_dockerfile(parent, labels).encode()),
             Entry(LAYERS["warm"].source, members=tuple(layer_tar.walk_order(members))),
         ], key=lambda e: e.name)))
-        return builder.build(self.client, context, tag, self.ui, False, None,
+        return builder.engine_build(self.client, context, tag, self.ui, False, None,
                              title=f"building {tag} (+1 layer: the warmup cache)")
 
 

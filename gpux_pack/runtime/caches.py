@@ -182,7 +182,7 @@ def read_record(folder: Path) -> dict[str, Any]:
     return record
 
 
-def verify(folder: Path, parts: dict[str, Any]) -> dict[str, Any]:
+def check(folder: Path, parts: dict[str, Any]) -> dict[str, Any]:
     """The folder's record, when its key parts are this container's and every file is intact."""
     record = read_record(folder)
     differ = differences(record["parts"], parts)
@@ -234,7 +234,7 @@ def choose(parts: dict[str, Any], cache_root: Path, baked_root: Path = Path(BAKE
         folder = root / key
         if os.path.lexists(folder):  # (lexists: an unreadable folder is there, and worth a warning)
             try:
-                return Cache(key, parts, folder, source, record=verify(folder, parts), warnings=warnings)
+                return Cache(key, parts, folder, source, record=check(folder, parts), warnings=warnings)
             except CacheError as e:
                 warnings.append(f"not using the {source} cache {folder}: {e}")
     if not warnings and baked_root.is_dir():  # a cache baked for another device or version
@@ -344,7 +344,7 @@ def publish(cache: Cache, extra: dict[str, Any]) -> dict[str, Any]:
             if not cache.final.exists():
                 continue
             try:
-                verify(cache.final, cache.parts)
+                check(cache.final, cache.parts)
                 shutil.rmtree(cache.folder, ignore_errors=True)
                 cache.folder = cache.final
                 return read_record(cache.final)

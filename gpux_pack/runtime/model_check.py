@@ -28,7 +28,7 @@ def wanted(spec: GpuxJson, asked: bool | None) -> bool:
     return asked if asked is not None else bool(spec.model_signature and spec.model_signature.verify)
 
 
-def verify(spec: GpuxJson, config: Path, public_key: Path | None = None) -> int:
+def check(spec: GpuxJson, config: Path, public_key: Path | None = None) -> int:
     """Check the image's folder (the one holding `config`, its gpux.json) against its bundle; the
     number of files checked. cryptography is imported only for an image that carries a bundle
     (the lock has it only then)."""

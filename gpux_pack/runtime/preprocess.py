@@ -5,7 +5,7 @@ libraries each step needs (tokenizers, Pillow) only by an image that takes that 
 Text: the request's string input, tokenized with Hugging Face's `tokenizers` (Rust) into the
 graph's token inputs: truncated at max_length, padded to the graph's fixed length, or to
 max_length, or to the longest text of the request, on the right with the tokenizer's pad token.
-Images and audio: see Image and Audio. docs/preprocessing.md spells every step."""
+Images and audio: see Picture and Audio. docs/preprocessing.md spells every step."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def decode_cost(image: Any) -> int:
     return int(width * height * (pixel_bytes(image.mode) + extra)) + DECODE_OVERHEAD
 
 
-class Image:
+class Picture:
     """The image step: Pillow decodes (never more than max_pixels), EXIF orientation applied, any
     mode converted to RGB (alpha dropped), then resized with Pillow's bilinear filter (antialiased
     when it shrinks) or letterboxed, centre-cropped, scaled (/ 255), normalized ((x - mean) / std
@@ -497,7 +497,7 @@ class Steps:
     def __init__(self, spec: contract.GpuxJson, root: Path, max_pixels: int = DEFAULT_MAX_PIXELS):
         steps = spec.preprocessing or contract.Preprocessing()
         self.text = Text(steps.text, root) if steps.text else None
-        self.image = Image(steps.image, max_pixels) if steps.image else None
+        self.image = Picture(steps.image, max_pixels) if steps.image else None
         self.audio = Audio(steps.audio) if steps.audio else None
         names = {t.name for t in (*spec.inputs, *spec.overridable_inputs)}
         # GPUX's {"image": ..., "format": "jpeg"} and {"audio": ..., "sample_rate": 16000, "format": "wav"}:

@@ -92,7 +92,7 @@ class Model:
         spec = settings.spec
         original = settings.root / spec.model.path
         if model_check.wanted(spec, settings.verify_model):  # a changed model never loads
-            checked = model_check.verify(spec, settings.config_path or settings.root / "gpux.json",
+            checked = model_check.check(spec, settings.config_path or settings.root / "gpux.json",
                                          settings.model_public_key)
             log.info("model signature verified (%d file%s)", checked, "" if checked == 1 else "s")
         requested = [name for name, _ in settings.providers]

@@ -140,7 +140,7 @@ def test_an_odd_record_is_one_warning_and_a_fresh_compile_never_a_hang(tmp_path,
     assert cache.source == "compiled" and len(cache.warnings) == 1, cache.warnings
     assert cache.warnings[0].startswith(f"not using the volume cache {tmp_path / 'cache' / key}: ")
     record = compile_into(cache)  # and publishing over the odd folder replaces it
-    assert caches.verify(tmp_path / "cache" / key, parts())["files"] == record["files"]
+    assert caches.check(tmp_path / "cache" / key, parts())["files"] == record["files"]
 
 
 def test_a_compile_leaves_no_stale_folders_behind_it(tmp_path):
@@ -177,7 +177,7 @@ def test_containers_warming_one_volume_at_once_all_end_with_a_valid_folder(tmp_p
     key = caches.digest(parts())
     assert set(folders) == {str(root / key)}
     assert sorted(p.name for p in root.iterdir()) == [key]  # no temporary folder left behind
-    caches.verify(root / key, parts())
+    caches.check(root / key, parts())
 
 
 def test_partition_counts_fused_subgraphs_as_the_nodes_they_took():

@@ -428,7 +428,7 @@ def _context(dockerfile: str) -> Context:
 def test_the_builder_builds_the_tag_and_counts_its_steps():
     fake = FakeEngine()
     fake.add_image("gpux-test/base:1")
-    built = builder.build(fake, _context("FROM gpux-test/base:1\nRUN true\nLABEL a=b\n"), "gpux-test/b:1", QUIET,
+    built = builder.engine_build(fake, _context("FROM gpux-test/base:1\nRUN true\nLABEL a=b\n"), "gpux-test/b:1", QUIET,
                           platform="linux/amd64")
     assert built.tag == "gpux-test/b:1" and built.id == fake.tags()["gpux-test/b:1"] and built.steps == 3
     (sent,) = fake.builds
@@ -442,7 +442,7 @@ def test_a_failed_step_is_one_line_with_its_exit_code_and_its_last_output():
     fake.add_image("gpux-test/base:1")
     fake.fail_step = (2, ["collecting numpy", "error: no matching distribution"], 7)
     with pytest.raises(BuildError) as err:
-        builder.build(fake, _context("FROM gpux-test/base:1\nRUN pip install numpy\n"), "gpux-test/b:1", QUIET)
+        builder.engine_build(fake, _context("FROM gpux-test/base:1\nRUN pip install numpy\n"), "gpux-test/b:1", QUIET)
     assert str(err.value) == "step 2/2 failed (exit 7): error: no matching distribution\n  in: RUN pip install numpy"
     assert err.value.log_tail == ["collecting numpy", "error: no matching distribution"]
     assert "gpux-test/b:1" not in fake.tags()

@@ -63,7 +63,7 @@ def test_compiled_once_then_the_context_model_loads(tmp_path):
         assert all(e["max_abs"] < 1e-5 for e in start["accuracy"].values()), start["accuracy"]
     assert (first["cache"], second["cache"]) == ("compiled", "volume")
     [key] = [p for p in (folder / "cache").iterdir() if not p.name.startswith(".")]
-    record = caches.verify(key, caches.read_record(key)["parts"])
+    record = caches.check(key, caches.read_record(key)["parts"])
     assert {f["path"] for f in record["files"]} == {"model_ctx.onnx", "model_ctx_OpenVINOExecutionProvider.bin"}
     assert json.loads(record["parts"]["options"]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}
     assert "onnxruntime-ep-openvino" in record["parts"]["libraries"]

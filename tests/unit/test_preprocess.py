@@ -580,8 +580,8 @@ def test_a_long_text_is_cut_before_it_is_tokenized(served, tmp_path):
 _PEAK_PROBE = r"""
 import json, sys
 from gpux_pack.runtime.contract import ImageStep
-from gpux_pack.runtime.preprocess import Image
-step = Image(ImageStep("image", "x", "float32", "NCHW", (32, 32), (32, 32), None, False, 114, 1 / 255, None, None, None))
+from gpux_pack.runtime.preprocess import Picture
+step = Picture(ImageStep("image", "x", "float32", "NCHW", (32, 32), (32, 32), None, False, 114, 1 / 255, None, None, None))
 step.one(open(sys.argv[2], "rb").read(), "warm")  # the libraries' first use is not the image's
 data = open(sys.argv[1], "rb").read()
 charged = []
@@ -641,7 +641,7 @@ def test_hostile_bytes_are_a_request_error_never_a_crash():
 
     wav = audio_project.wav(audio_project.tone(8000, 0.05), 8000, 24)
     png = picture(width=8, height=8)
-    image = preprocess.Image(ImageStep("image", "input", "float32", "NCHW", (8, 8), (8, 8), None, False, 114, 1 / 255,
+    image = preprocess.Picture(ImageStep("image", "input", "float32", "NCHW", (8, 8), (8, 8), None, False, 114, 1 / 255,
                                        None, None, None), max_pixels=1 << 20)
 
     @hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
