@@ -1,5 +1,4 @@
-"""`gpux-pack` and `python -m gpux_pack`: `--version` answers, and a model-only rebuild runs
-(pipeline/rebuild.py), before the CLI's libraries load."""
+"""`gpux-pack` and `python -m gpux_pack`: `--version` answers before the CLI's libraries load."""
 
 import os
 import sys
@@ -15,11 +14,6 @@ def run() -> None:
         print(f"gpux-pack {__version__}")
         return
     try:
-        if sys.argv[1:2] == ["build"]:  # only the model's weights changed since the same build: replay it
-            from gpux_pack.pipeline import rebuild
-
-            if rebuild.replay(sys.argv[1:], quiet=bool({"-q", "--quiet"} & set(sys.argv))):
-                _exit(0)
         from gpux_pack.cli import main
 
         main()

@@ -18,7 +18,9 @@ import typer
 
 try:  # typer >= 0.29 vendors click
     from typer._click import exceptions as click_errors
+    from typer._click.core import Context as ClickContext
 except ImportError:  # pragma: no cover - older typer on real click
+    from click import Context as ClickContext
     from click import exceptions as click_errors
 
 from gpux_pack import __version__, engine
@@ -86,6 +88,11 @@ def build_cmd(
     """Build the model's image(s) through the Docker engine."""
     from gpux_pack.commands import build
 
+    request = build_request(dict(path=path, provider=provider, tag=tag, base_image=base_image, platform=platform,
+                                 warmup=warmup, no_cache=no_cache, quiet=quiet, json_out=json_out, refresh=refresh,
+                                 push_=push_, sbom=sbom, sign_key=sign_key, sign_model=sign_model,
+                                 contained=contained, strict=strict))
+
     ui = Reporter(quiet=quiet)  # logs go to stderr in every mode; --json owns stdout
     platforms, bases = build.platforms(platform, base_image, push_)
     options = replace(flags.options(tag, bases.get(None), platforms[0], warmup), sign_model=sign_model)
@@ -106,8 +113,7 @@ def build_cmd(
         printing.lines(before, table, after)
     if outcome.failures:
         raise typer.Exit(max(e.exit_code for _, e in outcome.failures))
-    if sys.argv[1:2] == ["build"]:  # the command line as typed: the replay's key
-        build.record(sys.argv[1:], outcome)
+    build.record(request, outcome)
 
 
 @app.command("plan")
@@ -438,6 +444,46 @@ def _stop(signum: int, frame: Any) -> None:
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+def build_request(values: dict[str, Any]) -> Any:
+    """The `build` command's parameters (typed by the command, or as its parser read them) as the
+    model-only rebuild's key (rebuild.Request): paths as their text, absent options as their defaults."""
+    from gpux_pack.pipeline import rebuild
+
+    def text(value: Any) -> str | None:
+        return None if value is None else str(Path(value))
+
+    return rebuild.Request(
+        text(values.get("path", ".")) or ".", values.get("provider"), values.get("tag"),
+        tuple(values.get("base_image") or ()), values.get("platform"), values.get("warmup"),
+        bool(values.get("no_cache")), bool(values.get("quiet")), bool(values.get("json_out")),
+        bool(values.get("refresh")), bool(values.get("push_")), text(values.get("sbom")), text(values.get("sign_key")),
+        text(values.get("sign_model")), bool(values.get("contained")), bool(values.get("strict")))
+
+
+def replayed(argv: list[str]) -> bool:
+    """`build` asks the pipeline's model-only rebuild (pipeline/rebuild.py) first, with the command
+    read by build's own parser but not yet converted: typer converts every value through pydantic,
+    which costs more than the replay's work with the engine. Anything the parser refuses, or a
+    build the rebuild does not replay, goes on to the full command (which reports the mistake)."""
+    if argv[:1] != ["build"]:
+        return False
+    from gpux_pack.pipeline import rebuild
+
+    group = typer.main.get_command(app)
+    context = ClickContext(group, info_name="gpux-pack")
+    command = group.get_command(context, "build")  # type: ignore[attr-defined]
+    if command is None:
+        return False
+    try:
+        values, rest, _ = command.make_parser(ClickContext(command, info_name="build", parent=context)).parse_args(
+            args=argv[1:])
+    except click_errors.ClickException:
+        return False
+    if rest or values.get("help"):
+        return False
+    return rebuild.replay(build_request(values))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and an exit code."""
     err = sys.stderr
@@ -447,6 +493,8 @@ def main(argv: list[str] | None = None) -> None:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _stop)
     try:
+        if replayed(sys.argv[1:] if argv is None else argv):
+            return
         code = app(args=argv, standalone_mode=False, prog_name="gpux-pack")
         if _STOPPED and code == 130:  # typer's answer to the interrupt: say which
             raise KeyboardInterrupt

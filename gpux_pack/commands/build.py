@@ -227,7 +227,7 @@ def summary_report(doc: BuildSummary) -> tuple[list[str], Any, list[str]]:
     return [], table, pushed
 
 
-def record(argv: list[str], outcome: Outcome) -> None:
+def record(request: rebuild.Request, outcome: Outcome) -> None:
     """What the next identical `build` needs to replay this one when only the weights change."""
     if len(outcome.made) != 1 or outcome.failures:
         return
@@ -239,6 +239,6 @@ def record(argv: list[str], outcome: Outcome) -> None:
         images = {ref: outcome.client.images.get(ref).id for ref in (plan.base.image, plan.runtime_base.tag)}
     except Exception:  # a base that is not an image here: nothing to replay from
         return
-    rebuild.record(argv, outcome.loaded.project.root, plan.model.path, plan.model.sha256, plan.model.size_bytes,
+    rebuild.record(request, outcome.loaded.project.root, plan.model.path, plan.model.sha256, plan.model.size_bytes,
                    plan.provider.name, images, lock_path(plan.requirements, plan.target, excludes=plan.excludes), built.loaded,
                    plan.project.variables, row(made))

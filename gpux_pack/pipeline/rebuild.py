@@ -4,9 +4,9 @@ the config, the model's graph, the plan, the lock and the Dockerfile again.
 
 After an assembled build of one image (no --refresh, --no-cache, baked warmup, several
 platforms, --sign-model or --sbom), `record` writes what was loaded (image/archive.py's
-Loadable: config, layers, parent) keyed by the command line, the working folder, gpux-pack's
-version and the environment variables a build reads. `replay` answers the next identical
-command when every input but the model is as recorded (the project folder's other files, the
+Loadable: config, layers, parent) keyed by the command as the CLI parsed it (Request), the
+working folder, gpux-pack's version and the environment variables a build reads. The `build`
+command asks `replay` first: it answers the next identical command when every input but the model is as recorded (the project folder's other files, the
 wheel lock, the base and runtime base images' ids) and the new model differs from the recorded
 one only in the values of its initializers: the same graph, names, types, shapes and byte
 lengths, so every check the full build makes on a model gives the same verdict. The image is
@@ -28,11 +28,13 @@ socket itself: the whole rebuild is mostly the engine's `docker load`.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +47,7 @@ from gpux_pack.runtime.contract import open_regular  # not through a link: the r
 from gpux_pack.timestamps import created_now
 from gpux_pack.ui import built_line
 
-FORMAT = 4  # 4: the image's id, whose SBOM and provenance the next replay's are made from
-# what the replay does not do as the full build does: a baked warmup, several platforms, the model
-# signature (it signs gpux.json too, which names the model's digest), an SBOM folder
-REFUSED = ("--refresh", "--no-cache", "--platform", "--warmup", "--help", "--sign-model", "--sbom")
+FORMAT = 5  # 5: keyed by the parsed command (Request), not the words typed
 ENV_PREFIXES = ("GPUX", "DOCKER", "PIP_", "UV_", "SOURCE_DATE_EPOCH", "HOME", "XDG_CACHE_HOME", "SSL_CERT",
                 "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 MAX_PROJECT_FILES = 2000
@@ -58,13 +57,42 @@ class Miss(Exception):
     """The fast path does not apply: the full build runs."""
 
 
+@dataclass(frozen=True)
+class Request:
+    """A `build` command as the CLI parsed it: what a replay is keyed by and does again."""
+
+    path: str
+    provider: str | None = None
+    tag: str | None = None
+    base_image: tuple[str, ...] = ()
+    platform: str | None = None
+    warmup: str | None = None
+    no_cache: bool = False
+    quiet: bool = False
+    json_out: bool = False
+    refresh: bool = False
+    push: bool = False
+    sbom: str | None = None
+    sign_key: str | None = None
+    sign_model: str | None = None
+    contained: bool = False
+    strict: bool = False
+
+    @property
+    def replayable(self) -> bool:
+        """What the replay does not do as the full build does: re-resolve or rebuild without the
+        cache, a baked warmup or a chosen platform, the model signature (it signs gpux.json too,
+        which names the model's digest), an SBOM folder."""
+        return not (self.refresh or self.no_cache or self.platform or self.warmup or self.sign_model or self.sbom)
+
+
 # ---------------------------------------------------------------------------------------------
 # the key and the inputs it does not cover
 
 
-def _record_path(argv: list[str]) -> Path:
+def _record_path(request: Request) -> Path:
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and k != "GPUX_PACK_REBUILD")
-    key = json.dumps([FORMAT, __version__, os.getcwd(), argv, env])
+    key = json.dumps([FORMAT, __version__, os.getcwd(), dataclasses.astuple(request), env])
     return staging.cache_dir() / "rebuild" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
@@ -202,18 +230,18 @@ def _image_id(ref: str) -> str | None:
 # record and replay
 
 
-def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: str, model_size: int,
+def record(request: Request, project_dir: Path, model_path: Path, model_sha256: str, model_size: int,
            provider: str, images: dict[str, str], lock: Path, loaded: Loadable,
            variables: tuple[tuple[str, str | None], ...] = (), summary: dict[str, Any] | None = None) -> None:
     """After a build: what the next identical command needs to replay it. images: the base and
     runtime base references -> their ids now; variables: the ${VAR}s gpux.yml used, and their values;
     summary: the image's row of `build --json`, which a replay of a --json build prints anew. Nothing is written when the build is not one
     this can replay; a failure to write is not the build's failure."""
-    path = _record_path(argv)
+    path = _record_path(request)
     try:
-        if any(arg.split("=", 1)[0] in REFUSED for arg in argv) or os.environ.get("GPUX_PACK_REBUILD") == "0":
+        if not request.replayable or os.environ.get("GPUX_PACK_REBUILD") == "0":
             raise Miss("not a command a rebuild replays")
-        if "--json" in argv and not summary:
+        if request.json_out and not summary:
             raise Miss("no summary to print again")
         model = str(model_path.resolve())
         layers = []
@@ -251,25 +279,25 @@ def record(argv: list[str], project_dir: Path, model_path: Path, model_sha256: s
             pass
 
 
-def replay(argv: list[str], quiet: bool) -> bool:
+def replay(request: Request) -> bool:
     """Rebuild from the record when only the model's weights changed; False: build it all."""
-    if os.environ.get("GPUX_PACK_REBUILD") == "0":
+    if os.environ.get("GPUX_PACK_REBUILD") == "0" or not request.replayable:
         return False
     started = time.perf_counter()
-    path = _record_path(argv)
+    path = _record_path(request)
     try:
         doc = json.loads(path.read_text())
         if doc.get("format") != FORMAT or doc.get("version") != __version__:
             raise Miss("recorded by another gpux-pack")
-        line = _replay(doc, path, quiet, started, argv)
+        line = _replay(doc, path, started, request)
     except (Miss, OSError, ValueError, KeyError, TypeError, IndexError, layer_tar.Unsupported):
         return False
     print(line)
     return True
 
 
-def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: list[str]) -> str:
-    json_out = "--json" in argv
+def _replay(doc: dict[str, Any], path: Path, started: float, request: Request) -> str:
+    json_out, quiet = request.json_out, request.quiet
     model = Path(doc["model"]["path"])
     if not _unchanged(Path(doc["project"]), doc["files"], _fingerprint(Path(doc["project"]), {str(model)})):
         raise Miss("a project file changed")
@@ -329,7 +357,7 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: 
     doc["config"] = loaded_config.decode()
     doc["image_id"] = image["Id"]
     staging.write_text(path, json.dumps(doc))
-    pushed = _push(doc["tag"], image["Id"], argv, quiet) if "--push" in argv else None  # only the model's layer goes up
+    pushed = _push(doc["tag"], image["Id"], request.sign_key, quiet) if request.push else None  # only the model's layer goes up
     seconds = time.perf_counter() - started
     digest = pushed[0] if pushed else None
     if json_out:  # build --json: the summary CI pipelines read, as the full build prints it
@@ -341,7 +369,7 @@ def _replay(doc: dict[str, Any], path: Path, quiet: bool, started: float, argv: 
     return line + (f"\npushed {digest}" + (" (with its SBOM and provenance)" if pushed[1] else "") if pushed else "")
 
 
-def _push(tag: str, image_id: str, argv: list[str], quiet: bool) -> tuple[str, dict[str, str] | None]:
+def _push(tag: str, image_id: str, key_path: str | None, quiet: bool) -> tuple[str, dict[str, str] | None]:
     """Push the replayed image as build --push does (the Docker SDK, the user's credentials), its
     SBOM and provenance attached, signed with --sign-key's key: its digest and the attached
     documents. A refusal falls back to the full build, which says why in one line."""
@@ -354,7 +382,6 @@ def _push(tag: str, image_id: str, argv: list[str], quiet: bool) -> tuple[str, d
 
     ui = Reporter(quiet=quiet)
     try:
-        key_path = _option(argv, "--sign-key")
         key = signatures.load_private_key(Path(key_path)) if key_path else None
         client = engine.connect()
         pushed = push(client, tag, ui)
@@ -366,13 +393,3 @@ def _push(tag: str, image_id: str, argv: list[str], quiet: bool) -> tuple[str, d
         raise Miss(f"the push failed: {e}") from None
     return pushed.digest, {"sbom": attached.sbom, "provenance": attached.provenance} if attached else None
 
-
-def _option(argv: list[str], name: str) -> str | None:
-    """An option's value as typed: `--name VALUE` or `--name=VALUE` (the last one counts)."""
-    found = None
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif arg.startswith(f"{name}="):
-            found = arg.split("=", 1)[1]
-    return found
