@@ -1,4 +1,4 @@
-"""The image's entrypoint: `serve` (default), `warmup`, `info`, `predict --input JSON`, `healthcheck`."""
+"""The image's entrypoint: `serve` (default), `warmup`, `info`, `predict`, `healthcheck`, `bench`."""
 
 from __future__ import annotations
 
@@ -68,17 +68,50 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("warmup", help="run the model on generated inputs, filling the provider caches")
     sub.add_parser("info", help="print what /info would answer")
     predict = sub.add_parser("predict", help="one inference; prints the outputs as JSON")
-    predict.add_argument("--input", "-i", required=True, help="JSON object, @file, or - for stdin")
+    given = predict.add_mutually_exclusive_group(required=True)
+    given.add_argument("--input", "-i", help="a /predict body (GPUX's JSON object): inline, @file, or - for stdin; "
+                       "prints the outputs")
+    given.add_argument("--request", metavar="FILE", help="a KServe v2 infer request (binary tensor extension "
+                       "included), or - for stdin; prints what /predict answers for its inputs")
+    _request_options(predict)
     health = sub.add_parser("healthcheck", help="exit 0 when the local server is ready (Docker HEALTHCHECK)")
     health.add_argument("--live", action="store_true",
                         help="exit 0 when it is alive, ready or not (a liveness probe: warmup may take minutes)")
-    bench = sub.add_parser("bench", help="time session.run on generated inputs; prints p50/p99 as JSON")
+    bench = sub.add_parser("bench", help="time session.run on generated inputs, or a request's; prints GPUX's "
+                           "statistics (mean, std, min, max, median, p95, p99, throughput) as JSON")
+    bench.add_argument("--request", metavar="FILE", help="time the inputs of this KServe v2 infer request "
+                       "(- : stdin) instead of the warmup's generated ones")
+    _request_options(bench)
     bench.add_argument("--runs", type=int, default=100, help="timed runs (1 to 100000)")
+    bench.add_argument("--warmup", type=int, default=None, help="untimed runs first (0 to 10000; default: 10, "
+                       "or --runs when fewer)")
     args = parser.parse_args(argv)
     command = args.command or "serve"
     if command == "healthcheck":
         return _healthcheck("/v2/health/live" if args.live else "/health")
+    wrong = _wrong_options(command, args)
+    if wrong:
+        print(f"gpux: {wrong}", file=sys.stderr)
+        return 2
     return _command(command, args)
+
+
+def _request_options(parser) -> None:
+    parser.add_argument("--header-length", type=int, metavar="N", help="with --request: its first N bytes are the "
+                        "JSON header and the tensors' bytes follow (Inference-Header-Content-Length); without it "
+                        "the whole request is JSON")
+
+
+def _wrong_options(command: str, args) -> str | None:
+    """Options that cannot work, said before the model loads."""
+    if getattr(args, "header_length", None) is not None and args.request is None:
+        return "--header-length: only with --request"
+    if command == "bench":
+        if not 1 <= args.runs <= 100000:
+            return "--runs: expected 1 to 100000"
+        if args.warmup is not None and not 0 <= args.warmup <= 10000:
+            return "--warmup: expected 0 to 10000"
+    return None
 
 
 def _command(command: str, args) -> int:
@@ -88,8 +121,8 @@ def _command(command: str, args) -> int:
         _logging(settings)
         for line in settings.unknown:
             logging.getLogger("gpux").warning(line)
-        from . import warmup
-        from .session import Model
+        from . import once, warmup
+        from .session import Model, last_line
         from .tensors import RequestError, decode_predict, encode_predict, to_json
     except StartupError as e:
         print(f"gpux: {e}", file=sys.stderr)
@@ -111,22 +144,32 @@ def _command(command: str, args) -> int:
             print(json.dumps(to_json({"warmup": state, "execution_providers": model.active, "folder": folder})))
             return 0
         if command == "bench":
-            if not 1 <= args.runs <= 100000:
-                print("gpux: --runs: expected 1 to 100000", file=sys.stderr)
-                return 2
+            if args.request is not None:
+                _STATE["doing"] = "reading the request"
+                feeds = once.bench_feeds(model, *once.read(args.request, args.header_length))
+            else:
+                feeds = warmup.generated_inputs(model)[0]  # the first shape warmup runs
             _STATE["doing"] = "benchmarking"
-            print(json.dumps(_interruptible(_bench, model, args.runs)))
+            runs = args.runs
+            print(json.dumps(_interruptible(once.bench, model, feeds, runs, min(10, runs) if args.warmup is None
+                                            else args.warmup)))
             return 0
         if command == "info":
             model.warmup_state = {"state": "not run (info command)"}
             print(json.dumps(to_json(model.info()), indent=2))
+            return 0
+        if args.request is not None:
+            _STATE["doing"] = "reading the request"
+            header, blobs = once.read(args.request, args.header_length)
+            _STATE["doing"] = "running the model"
+            print(encode_predict(_interruptible(once.answer, model, header, blobs)).decode())
             return 0
         _STATE["doing"] = "reading the input"
         body = _read_input(args.input)
         _STATE["doing"] = "running the model"
         parsed = model.steps.gpux_form(body) if model.steps else body
         feeds, _ = model.prepare(decode_predict(parsed, model.inputs, model.overridable, outputs=model.outputs))
-        outputs = _interruptible(model.run, feeds)
+        outputs = _interruptible(once.run, model, feeds)
         print(encode_predict(outputs).decode())
         return 0
     except StartupError as e:
@@ -135,6 +178,11 @@ def _command(command: str, args) -> int:
     except RequestError as e:
         print(f"gpux: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a command's failure is one line for the program that ran it; the server logs its own
+        if command not in ("predict", "bench"):
+            raise
+        print(f"gpux: {type(e).__name__}: {last_line(e)}", file=sys.stderr)
+        return 1
     finally:
         _STATE["doing"] = None
 
@@ -169,26 +217,6 @@ def _logging(settings: Settings) -> None:
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
-
-
-def _bench(model, runs: int) -> dict:
-    """session.run alone, on the warmup inputs (first shape): what the model costs here."""
-    import time
-
-    from . import warmup
-
-    feeds = warmup.generated_inputs(model)[0]
-    for _ in range(min(10, runs)):
-        model.run(feeds)
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        model.run(feeds)
-        times.append(time.perf_counter() - started)
-    times.sort()
-    return {"runs": runs, "p50_ms": 1000 * times[len(times) // 2], "p99_ms": 1000 * times[min(len(times) - 1,
-            int(len(times) * 0.99))], "providers": model.active,
-            "shapes": {k: list(v.shape) for k, v in feeds.items()}}
 
 
 def _handoff(server: object) -> None:

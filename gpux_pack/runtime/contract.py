@@ -317,6 +317,12 @@ class Preprocessing:
     image: ImageStep | None = None
     audio: AudioStep | None = None
 
+    @property
+    def fed(self) -> frozenset[str]:
+        """The graph's inputs a step feeds: a request may send them instead, so none is required."""
+        text = {f.name for f in self.text.feeds} if self.text else set()
+        return frozenset(text | {step.feed for step in (self.image, self.audio) if step})
+
 
 @dataclass(frozen=True)
 class ModelSignature:

@@ -499,6 +499,7 @@ class Steps:
         self.text = Text(steps.text, root) if steps.text else None
         self.image = Picture(steps.image, max_pixels) if steps.image else None
         self.audio = Audio(steps.audio) if steps.audio else None
+        self.fed = steps.fed  # the graph's inputs a step feeds: a request may send them instead
         names = {t.name for t in (*spec.inputs, *spec.overridable_inputs)}
         # GPUX's {"image": ..., "format": "jpeg"} and {"audio": ..., "sample_rate": 16000, "format": "wav"}:
         # hints beside the media, not inputs (unless the graph has inputs of those names)
@@ -515,12 +516,6 @@ class Steps:
         takes = [*(f"image/{f}" for f in ("jpeg", "png", "webp", "bmp", "gif", "tiff") if self.image),
                  *(("audio/wav",) if self.audio else ())]
         raise RequestError(f"Content-Type {content_type[:60]}: this model takes {', '.join(takes) or 'JSON'}", 415)
-
-    @property
-    def fed(self) -> set[str]:
-        """The graph's inputs a step feeds: a request may send them instead."""
-        out = {name for _, name, _ in self.text.feeds} if self.text else set()
-        return out | {step.feed for step in (self.image, self.audio) if step}
 
     @property
     def one_per_run(self) -> set[str]:

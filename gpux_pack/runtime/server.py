@@ -27,7 +27,7 @@ from .budget import Budget, Charge, trim, tune_malloc
 from .resources import INLINE_BYTES, INLINE_DECODE, REQUEST_OVERHEAD
 from .scheduler import Batching, Overloaded, Scheduler
 from . import warmup
-from .session import Items, Model
+from .session import Items, Model, joined, rejected
 from .warmup import AccuracyError
 from .tensors import (JSON_FACTOR, WHOLE_PARSE, labelled, RequestError, ServedTensor, decode_predict, decode_predict_batch, dumps,
                       encode_predict, hole_inputs, numeric_body, parse_json, plain_numbers, to_json)
@@ -379,7 +379,7 @@ class App:
                 raise RequestError(f"item [{i}]: {answer}", answer.status, refused=answer.refused) from None
             if isinstance(answer, BaseException):
                 raise answer
-        return {name: _joined([a[name] for a in answers]) for name in answers[0]}
+        return {name: joined([a[name] for a in answers]) for name in answers[0]}
 
     def count_refusal(self, e: RequestError) -> None:
         """gpux_refused_total, once per refused request (HTTP and gRPC alike)."""
@@ -506,7 +506,7 @@ class App:
             try:
                 outputs = self.model.run(feeds, names)
             except Exception as e:
-                raise _rejected(e) from None
+                raise rejected(e) from None
             self.metrics.observe_run(1, time.perf_counter() - started)
             return outputs
         timeout = self.model.settings.timeout
@@ -521,26 +521,7 @@ class App:
             job.abandon()
             raise RequestError(f"inference took longer than {timeout:g}s", 504) from None
         except Exception as e:
-            raise _rejected(e) from None
-
-
-def _rejected(e: Exception) -> Exception:
-    """ONNX Runtime's refusal of a request's inputs as a 400; anything else as it is."""
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    if type(e).__name__ in ("InvalidArgument", "InvalidGraph", "Fail"):
-        return RequestError(f"the model rejected the inputs: {text}")
-    return e
-
-
-def _joined(values: list[Any]) -> Any:
-    """The items' values of one output, as one batch: arrays joined along their first dimension;
-    rows of other lengths past it (each text padded to its own) or a sequence output's values,
-    listed row by row."""
-    if all(isinstance(v, np.ndarray) and v.ndim and v.shape[1:] == values[0].shape[1:] and v.dtype == values[0].dtype
-           for v in values):
-        return np.concatenate(values)
-    return [row for value in values
-            for row in (list(value) if isinstance(value, (list, np.ndarray)) and np.ndim(value) else [value])]
+            raise rejected(e) from None
 
 
 def _batchable(inputs: list[ServedTensor], outputs: list[ServedTensor]) -> bool:

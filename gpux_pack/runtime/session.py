@@ -496,6 +496,25 @@ def _cannot_open(error: str) -> str:
     return os.path.basename(m.group(1)) if m else ""
 
 
+def rejected(e: Exception) -> Exception:
+    """ONNX Runtime's refusal of a request's inputs as a 400; anything else as it is."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if type(e).__name__ in ("InvalidArgument", "InvalidGraph", "Fail"):
+        return RequestError(f"the model rejected the inputs: {text}")
+    return e
+
+
+def joined(values: list[Any]) -> Any:
+    """The items' values of one output, as one batch: arrays joined along their first dimension;
+    rows of other lengths past it (each text padded to its own) or a sequence output's values,
+    listed row by row."""
+    if all(isinstance(v, np.ndarray) and v.ndim and v.shape[1:] == values[0].shape[1:] and v.dtype == values[0].dtype
+           for v in values):
+        return np.concatenate(values)
+    return [row for value in values
+            for row in (list(value) if isinstance(value, (list, np.ndarray)) and np.ndim(value) else [value])]
+
+
 def last_line(e: Exception) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return (lines[-1] if lines else type(e).__name__)[:200]
