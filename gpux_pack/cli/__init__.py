@@ -28,7 +28,7 @@ from gpux_pack.cli import flags, printing
 from gpux_pack.cli.flags import (BaseOpt, ContainedOpt, JsonOpt, PathArg, PlatformOpt, ProviderOpt, PullOpt, QuietOpt,
                                  RefreshOpt, StrictOpt, WarmupOpt)
 from gpux_pack.cli.maintenance import base_app, cache_app
-from gpux_pack.errors import PackError, UsageError
+from gpux_pack.errors import PackError
 from gpux_pack.ui import Reporter, printable
 
 app = typer.Typer(
@@ -319,21 +319,17 @@ def predict_cmd(
                                 "ready, and for the answer."),
     cpu_fallback: bool = typer.Option(False, "--cpu-fallback", help="For an image: serve on CPU when this host "
                                       "lacks its device."),
-    benchmark: bool = typer.Option(False, "--benchmark", help="For a project: time the model in this process "
+    benchmark: bool = typer.Option(False, "--benchmark", help="For a project: time the model on this machine "
                                    "(GPUX's run --benchmark): mean, std, min, max, median, p95, p99, throughput."),
     runs: int = typer.Option(100, "--runs", min=1, max=100000, help="With --benchmark: timed runs."),
     warmup: int = typer.Option(10, "--warmup", min=0, max=10000, help="With --benchmark: untimed runs first."),
     json_out: bool = JsonOpt,
     pull: str = PullOpt,
 ) -> None:
-    """One inference: in this process for a project, over KServe v2 for an image (a running
-    container of it, else a fresh one, removed after). --benchmark: GPUX's in-process timing."""
-    try:
-        from gpux_pack.commands import predict
-        from gpux_pack.runtime.tensors import dumps, to_json
-    except ImportError as e:
-        raise UsageError(f"predict needs the image runtime's libraries here ({e.name} is missing): pip install "
-                         "'gpux-pack[serve]'") from None
+    """One inference: the image's runtime on this machine for a project, over KServe v2 for an
+    image (a running container of it, else a fresh one, removed after). --benchmark: GPUX's timing."""
+    from gpux_pack.commands import predict
+    from gpux_pack.inference import to_json
 
     given = predict.read_inputs([*inputs, *(f"@{f}" for f in files)])
     if benchmark:
@@ -342,7 +338,8 @@ def predict_cmd(
         return
     outputs = predict.predict(target, provider, given, Reporter(), timeout, cpu_fallback, flags.pull(pull))
     written = predict.save(outputs, output)
-    print("\n".join(map(str, written)) if written else dumps(to_json(outputs)).decode())
+    print("\n".join(map(str, written)) if written else json.dumps(to_json(outputs), separators=(",", ":"),
+                                                                  ensure_ascii=False, allow_nan=False))
 
 
 @app.command("init")

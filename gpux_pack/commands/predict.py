@@ -1,56 +1,41 @@
 """`gpux-pack predict IMAGE|PATH --input name=FILE`: one inference, printed or saved.
 
-A PATH (a project folder or its gpux.yml) runs in this process on the image's runtime (the
-folder `serve` stages, Model.load, the runtime's own input checks). An IMAGE is asked over KServe
-v2 with binary tensors (every datatype, strings included): a container of it already running
-with a published port, else a fresh one started as `gpux-pack run` starts it, removed after.
+A PATH (a project folder or its gpux.yml) is staged as `serve` stages it, then the image's
+runtime runs as a program on this machine (`python -m gpux_pack.runtime predict --request FILE`,
+or `bench` for --benchmark): the KServe v2 request made here, its checks, preprocessing and
+answer the runtime's own, as /predict answers. An IMAGE is asked over KServe v2 with binary
+tensors (every datatype, strings included): a container of it already running with a published
+port, else a fresh one started as `gpux-pack run` starts it, removed after.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import tempfile
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from gpux_pack import engine
-from gpux_pack.engine import containers
+from gpux_pack.engine import containers, image_labels
 from gpux_pack.engine.interface import Container, Engine
-from gpux_pack.pipeline import local
-from gpux_pack.engine import image_labels
 from gpux_pack.errors import PackError, UsageError
-from gpux_pack.runtime.contract import BINARY_ONLY, DTYPES, V2_TO_NAME
-from gpux_pack.runtime.tensors import (RequestError, ServedTensor, bf16_to_float32, check_shape, float32_to_bf16,
-                                       from_binary, labelled, to_array, to_binary)
-from gpux_pack.runtime.warmup import generated_inputs
-from gpux_pack.runtime.v2 import split_binary
+from gpux_pack.inference import (Given, PredictError, Request, decode, encode, inputs_of, inputs_of_metadata, to_json,
+                                 typed)
+from gpux_pack.pipeline import local
 from gpux_pack.ui import Reporter
 
 MAX_RESPONSE_BYTES = 1 << 31  # what one answer may hold before it is refused (2 GiB)
 MEDIA = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".wav"})  # name=FILE as its bytes
 MAX_MEDIA_BYTES = 64 << 20  # an image's default request body limit (GPUX_MAX_BODY_BYTES)
 ANSWERED_BESIDE = ("labels", "predicted", "letterbox")  # what /predict answers beside the outputs: JSON only
-
-
-class PredictError(PackError):
-    """The model or server refused the inputs: exit 2, like any bad input."""
-
-    exit_code = 2
-
-
-@dataclass(frozen=True)
-class Given:
-    """One --input: a tensor's values from a .npy file (an array) or a .json file (nested lists)."""
-
-    name: str
-    value: Any
-    source: str
 
 
 def read_inputs(items: list[str]) -> list[Given]:
@@ -137,104 +122,65 @@ def _once(given: list[Given]) -> list[Given]:
     return given
 
 
-def feeds(specs: list[ServedTensor], given: list[Given]) -> dict[str, np.ndarray]:
-    """The arrays to send, checked as the image's runtime checks a request (dtype, rank, fixed
-    and named dimensions), so a mistake is found before any container starts."""
-    by_name = {s.name: s for s in specs}
-    out: dict[str, np.ndarray] = {}
-    dims: dict[str, tuple[int, str]] = {}
-    try:
-        for g in given:
-            spec = by_name.get(g.name)
-            if spec is None:
-                raise RequestError(f"{g.source}: the model has no input '{g.name}'; its inputs are: "
-                                   f"{', '.join(by_name)}")
-            arr = _array(spec, g.value, g.source)
-            check_shape(spec, arr, g.source, dims)
-            out[g.name] = arr
-        missing = [s.name for s in specs if s.required and s.name not in out]
-        if missing:
-            raise RequestError(f"--input: missing {', '.join(missing)} (the model's inputs: {', '.join(by_name)})")
-    except RequestError as e:
-        raise PredictError(str(e)) from None
-    return out
+RUNTIME = (sys.executable, "-m", "gpux_pack.runtime")  # the image's entrypoint, run as the image runs it
+_INPUT_NAMED = re.compile(r"^input '(?P<name>[^']*)': ")
 
 
-def _array(spec: ServedTensor, value: Any, what: str) -> np.ndarray:
-    if spec.dtype in BINARY_ONLY:  # BF16: given as numbers, sent as its bit patterns
-        try:
-            floats = np.asarray(value, dtype=np.float32)
-        except (ValueError, TypeError):
-            raise RequestError(f"{what}: expected numbers for the {spec.datatype} input '{spec.name}'") from None
-        return float32_to_bf16(floats)
-    if isinstance(value, bytes):  # a media file for a preprocessing step's input
-        if spec.dtype != "string":
-            raise RequestError(f"{what}: '{spec.name}' takes {spec.dtype} values, not a file's bytes (the model "
-                               "preprocesses no image or audio there)")
-        return np.array([value], dtype=object)
-    if not isinstance(value, np.ndarray):
-        return to_array(spec, value, what)
-    if spec.dtype == "string":
-        if value.dtype.kind not in "USO":
-            raise RequestError(f"{what}: the file holds {value.dtype} values; '{spec.name}' takes strings")
-        return value.astype(object)
-    target = np.dtype(DTYPES[spec.dtype][0])
-    if value.dtype != target and not np.can_cast(value.dtype, target, "same_kind"):
-        raise RequestError(f"{what}: the file holds {value.dtype} values; '{spec.name}' takes {spec.dtype}")
-    return value.astype(target, copy=False)
+def named(message: str, given: list[Given]) -> str:
+    """The runtime's message with the input it names ("input 'x': ...") said as the --input that
+    gave it, as the user wrote it."""
+    m = _INPUT_NAMED.match(message)
+    source = next((g.source for g in given if m and g.name == m["name"]), None)
+    return message if source is None else f"{source}: {message[m.end():]}"
 
 
-@contextmanager
-def _loaded(path: Path, flag: str | None, ui: Reporter) -> Iterator[tuple[Any, local.Staged]]:
-    """The project staged as `serve` stages it, its model loaded by the image's runtime here."""
-    from gpux_pack.runtime.session import Model, StartupError
-    from gpux_pack.runtime.settings import Settings
+def _request(staged: local.Staged, given: list[Given]) -> list[str]:
+    """The inputs as one v2 request, in a file beside the staged gpux.json: the runtime's
+    arguments that name it."""
+    request = encode(inputs_of(staged.spec), given)
+    file = staged.folder / "request.bin"
+    file.write_bytes(request.body)
+    return ["--request", str(file), "--header-length", str(request.header_length)]
 
+
+def _runtime(staged: local.Staged, args: list[str], given: list[Given], ui: Reporter) -> bytes:
+    """The image's runtime run as a program on the staged project: its stdout. A refusal of the
+    inputs (exit 2) is a PredictError with the runtime's line, any other failure a PackError."""
+    env = {**os.environ, **staged.env(GPUX_LOG_LEVEL="warning")}
+    proc = subprocess.run([*RUNTIME, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True)
+    lines = [line for line in proc.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+    if proc.returncode == 0:
+        for line in lines:  # the runtime's warnings (a provider that fell back to CPU, ...)
+            ui.info(line)
+        return proc.stdout
+    last = lines[-1].removeprefix("gpux: ") if lines else f"the image's runtime exited with {proc.returncode}"
+    if proc.returncode == 2:
+        raise PredictError(named(last, given))
+    raise PackError(last)
+
+
+def from_project(path: Path, flag: str | None, given: list[Given], ui: Reporter) -> dict[str, Any]:
+    """The image's runtime on the project's model, on this machine: no Docker. Its answer is
+    /predict's, each output an array of its declared type."""
     with tempfile.TemporaryDirectory(prefix="gpux-predict-") as tmp:
         staged = local.stage(path, flag, Path(tmp), ui)
-        try:
-            model = Model.load(Settings.load(staged.env(GPUX_LOG_LEVEL="warning")), warm_up=False)
-        except StartupError as e:
-            raise PackError(str(e)) from None
-        yield model, staged
-
-
-def in_process(path: Path, flag: str | None, given: list[Given], ui: Reporter) -> dict[str, Any]:
-    """The image's runtime in this process on the project's model: no Docker."""
-    with _loaded(path, flag, ui) as (model, _):
-        arrays = feeds(model.inputs, given)
-        try:
-            arrays, extra = model.prepare(arrays)  # text tokenized, images decoded, as the image does
-        except RequestError as e:
-            raise PredictError(str(e)) from None
-        try:
-            outputs = readable(_run(model, arrays), model.outputs)
-        except Exception as e:  # ONNX Runtime's own refusal of the values (an index out of range, ...)
-            raise PredictError(f"the model refused the inputs: {' '.join(str(e).split())[:300]}") from None
-        # as /predict answers: gpux.yml's labels and each row's top one, a letterbox's geometry
-        return {**(labelled(outputs, model.labels) if model.labels else outputs), **extra}
-
-
-def _run(model: Any, arrays: Any) -> dict[str, Any]:
-    """One run, or one per item where the model takes one per run (Items), joined as one batch."""
-    from gpux_pack.runtime.session import Items
-
-    if not isinstance(arrays, Items):
-        return model.run(arrays)
-    answers = [model.run(one) for one in arrays]
-    return {name: np.concatenate([a[name] for a in answers]) for name in answers[0]}
-
-
-STATISTICS = ("mean", "std", "min", "max", "median", "p95", "p99")  # GPUX's `run --benchmark`, in ms
+        out = _runtime(staged, ["predict", *_request(staged, given)], given, ui)
+        outputs = staged.spec.outputs
+    try:
+        answer = json.loads(out)
+    except ValueError as e:
+        raise PackError(f"the image's runtime printed no JSON answer: {e}") from None
+    return typed(answer, outputs)
 
 
 def predict(target: str, flag: str | None, given: list[Given], ui: Reporter, timeout: float, cpu_fallback: bool,
             pull: str) -> dict[str, Any]:
-    """One inference: in this process for a project (a folder or gpux.yml), else over KServe v2 for an image."""
+    """One inference: the image's runtime on this machine for a project (a folder or gpux.yml),
+    else over KServe v2 for an image."""
     if not given:
         raise UsageError("--input: give the model's inputs (NAME=FILE, FILE.json or inline JSON)")
     if Path(target).exists():
-        return in_process(Path(target), flag, given, ui)
+        return from_project(Path(target), flag, given, ui)
     if target.startswith(("/", "./", "../", "~")) or target.endswith((".yml", ".yaml")):
         raise UsageError(f"{target}: no such file or folder")
     if flag:
@@ -244,32 +190,24 @@ def predict(target: str, flag: str | None, given: list[Given], ui: Reporter, tim
 
 def benchmark(target: str, flag: str | None, given: list[Given], runs: int, warmup: int,
               ui: Reporter) -> dict[str, Any]:
-    """GPUX's `run --benchmark`: the model in this process on this machine's onnxruntime and
-    provider, `warmup` untimed runs, then `runs` timed ones (the --input given, else the inputs
-    the image's warmup makes). GPUX's keys: <statistic>_time_ms and throughput_fps (1 / mean)."""
-    import time
-
+    """GPUX's `run --benchmark`: the project's model on this machine's onnxruntime and provider
+    (the image's runtime, `bench`), `warmup` untimed runs, then `runs` timed ones (the --input
+    given, else the inputs the image's warmup makes). GPUX's keys: <statistic>_time_ms and
+    throughput_fps (1 / mean)."""
     if not Path(target).exists():
-        raise UsageError(f"{target}: --benchmark times a project's model in this process; for an image, "
+        raise UsageError(f"{target}: --benchmark times a project's model on this machine; for an image, "
                          "gpux-pack bench IMAGE")
-    with _loaded(Path(target), flag, ui) as (model, staged):
-        arrays = feeds(model.inputs, given) if given else generated_inputs(model)[0]
-        times = np.empty(runs)
-        try:
-            for _ in range(warmup):
-                model.run(arrays)
-            for i in range(runs):
-                started = time.perf_counter()
-                model.run(arrays)
-                times[i] = time.perf_counter() - started
-        except Exception as e:
-            raise PredictError(f"the model refused the inputs: {' '.join(str(e).split())[:300]}") from None
-    ms = times * 1000
-    values = (ms.mean(), ms.std(), ms.min(), ms.max(), np.median(ms), np.percentile(ms, 95), np.percentile(ms, 99))
-    out: dict[str, Any] = {f"{name}_time_ms": round(float(v), 4) for name, v in zip(STATISTICS, values)}
-    out["throughput_fps"] = round(1000 / max(float(ms.mean()), 1e-9), 2)
-    return {**out, "runs": runs, "warmup": warmup, "provider": model.active[0] if model.active else staged.provider,
-            "reason": staged.reason, "inputs": {name: list(a.shape) for name, a in arrays.items()}}
+    with tempfile.TemporaryDirectory(prefix="gpux-predict-") as tmp:
+        staged = local.stage(Path(target), flag, Path(tmp), ui)
+        args = ["bench", "--runs", str(runs), "--warmup", str(warmup), *(_request(staged, given) if given else ())]
+        out = _runtime(staged, args, given, ui)
+    try:
+        result = json.loads(out)
+        stats = {k: v for k, v in result.items() if k.endswith("_time_ms")}
+        return {**stats, "throughput_fps": result["throughput_fps"], "runs": result["runs"], "warmup": result["warmup"],
+                "provider": result["provider"] or staged.provider, "reason": staged.reason, "inputs": result["inputs"]}
+    except (ValueError, KeyError, AttributeError) as e:
+        raise PackError(f"the image's runtime printed no benchmark: {type(e).__name__}: {e}") from None
 
 
 def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
@@ -289,10 +227,9 @@ def from_image(ref: str, given: list[Given], ui: Reporter, timeout: float,
         container, url = running
         containers.wait_ready(container, url, timeout)  # it may still be warming up
     try:
-        meta = _get(f"{url}/v2/models/{image.model_name}")
-        specs = [ServedTensor(t["name"], V2_TO_NAME.get(t["datatype"], t["datatype"]),
-                            tuple(t["shape"])) for t in meta["inputs"]]
-        return infer(url, image.model_name, feeds(specs, given), specs, timeout)
+        where = f"{url}/v2/models/{image.model_name}"
+        request = encode(inputs_of_metadata(_get(where), where), given)
+        return infer(url, image.model_name, request, given, timeout)
     finally:
         if started is not None:
             try:
@@ -310,53 +247,22 @@ def _running(client: Engine, image: image_labels.GpuxImage) -> tuple[Container, 
     return None
 
 
-def infer(url: str, name: str, arrays: dict[str, np.ndarray], specs: list[ServedTensor],
-          timeout: float) -> dict[str, Any]:
-    """One v2 infer with every input and output as binary data (KServe's binary extension)."""
-    kinds = {s.name: s for s in specs}
-    blobs, inputs = [], []
-    for key, arr in arrays.items():
-        datatype = DTYPES[kinds[key].dtype][1]
-        blob = to_binary(arr, datatype)
-        blobs.append(blob)
-        inputs.append({"name": key, "datatype": datatype, "shape": list(arr.shape),
-                       "parameters": {"binary_data_size": len(blob)}})
-    head = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
-    request = urllib.request.Request(f"{url}/v2/models/{name}/infer", data=head + b"".join(blobs), method="POST",
-                                     headers={"Content-Type": "application/octet-stream",
-                                              "Inference-Header-Content-Length": str(len(head))})
+def infer(url: str, name: str, request: Request, given: list[Given], timeout: float) -> dict[str, Any]:
+    """One v2 infer, every input and output as binary data (KServe's binary extension)."""
+    http = urllib.request.Request(f"{url}/v2/models/{name}/infer", data=request.body, method="POST",
+                                  headers={"Content-Type": "application/octet-stream",
+                                           "Inference-Header-Content-Length": str(request.header_length)})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
+        with urllib.request.urlopen(http, timeout=timeout) as r:
             body = r.read(MAX_RESPONSE_BYTES + 1)
             length = r.headers.get("Inference-Header-Content-Length")
     except urllib.error.HTTPError as e:
-        raise _refused(e) from None
+        raise _refused(e, given) from None
     except (OSError, ValueError) as e:
         raise PackError(f"{url}: {e}") from None
     if len(body) > MAX_RESPONSE_BYTES:
         raise PackError(f"{url}: the answer is larger than {MAX_RESPONSE_BYTES} bytes")
-    doc, data = split_binary(body, length)
-    out: dict[str, Any] = {}
-    offset = 0
-    for o in doc.get("outputs", []):
-        shape = tuple(int(d) for d in o["shape"])
-        size = (o.get("parameters") or {}).get("binary_data_size")
-        if size is None:
-            out[o["name"]] = np.asarray(o.get("data")).reshape(shape)
-            continue
-        spec = ServedTensor(o["name"], V2_TO_NAME.get(o["datatype"], o["datatype"]), shape)
-        count = int(np.prod(shape, dtype=np.int64))
-        out[o["name"]] = from_binary(spec, data[offset: offset + size], count, o["name"]).reshape(shape)
-        offset += size
-        if spec.dtype in BINARY_ONLY:
-            out[o["name"]] = bf16_to_float32(out[o["name"]])
-    return out
-
-
-def readable(outputs: dict[str, Any], specs: list[ServedTensor]) -> dict[str, Any]:
-    """The outputs as a user reads them: BF16 bit patterns as their float32 values."""
-    kinds = {s.name: s.dtype for s in specs}
-    return {k: bf16_to_float32(v) if kinds.get(k) in BINARY_ONLY else v for k, v in outputs.items()}
+    return decode(body, length, url)
 
 
 def _get(url: str) -> dict[str, Any]:
@@ -364,25 +270,23 @@ def _get(url: str) -> dict[str, Any]:
         with urllib.request.urlopen(url, timeout=30) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
-        raise _refused(e) from None
+        raise _refused(e, []) from None
     except (OSError, ValueError) as e:
         raise PackError(f"{url}: {e}") from None
 
 
-def _refused(e: urllib.error.HTTPError) -> PackError:
+def _refused(e: urllib.error.HTTPError, given: list[Given]) -> PackError:
     """The server's own one-line reason: a 4xx is the inputs' fault (exit 2)."""
     try:
         reason = json.loads(e.read(65536)).get("error") or e.reason
     except (ValueError, OSError, AttributeError):
         reason = e.reason
-    message = f"the server answered {e.code}: {reason}"
+    message = f"the server answered {e.code}: {named(str(reason), given)}"
     return PredictError(message) if 400 <= e.code < 500 else PackError(message)
 
 
 def save(outputs: dict[str, Any], output: Path | None) -> list[Path]:
     """Nothing (print as JSON), a .json file, or a folder of NAME.npy files."""
-    from gpux_pack.runtime.tensors import to_json
-
     if output is None:
         return []
     try:  # a folder that is a file, a parent that cannot be made: one line, not a traceback

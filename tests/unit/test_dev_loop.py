@@ -394,6 +394,24 @@ def test_predict_path_strings(tmp_path):
         assert_outputs(predict_line(run_cli("predict", str(project), "-i", given, cwd=ROOT)), expected)
 
 
+def test_predict_path_bf16_in_and_out(tmp_path):
+    """BF16 given as numbers (sent as bit patterns), answered as the float32 values its bits hold."""
+    import ml_dtypes
+
+    from tests.unit.test_bf16 import bf16_model
+
+    project = bf16_model(tmp_path / "bf16")
+    x = [[1.5, -2.25, 3.0, 0.1]]
+    rounded = np.array(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    answer = predict_line(run_cli("predict", str(project), "-i", f"x={json.dumps(x)}", cwd=ROOT))
+    np.testing.assert_array_equal(np.array(answer["z"], np.float32), rounded * 2 + 1)
+    proc = run_cli("predict", str(project), "-i", f"x={json.dumps(x)}", "-o", str(tmp_path / "out"), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    y = np.load(tmp_path / "out" / "y.npy")
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, (rounded * 2 + 1).astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
 def test_predict_refuses_bad_inputs_in_one_line(tmp_path, mlp_inputs):
     project = copy_example("mlp", tmp_path)
     np.save(tmp_path / "wide.npy", np.zeros((2, 5), np.float32))
@@ -416,15 +434,24 @@ def test_predict_refuses_bad_inputs_in_one_line(tmp_path, mlp_inputs):
                            "-i", str(tmp_path / "inputs.json"), cwd=ROOT), "features", "more than once")
 
 
-def test_read_inputs_and_feeds():
-    """The pieces in process: what a file holds becomes the input's dtype, mistakes are PredictError."""
-    from gpux_pack.commands.predict import Given, PredictError, feeds
-    from gpux_pack.runtime.tensors import ServedTensor
+def test_read_inputs_and_the_request_they_make():
+    """The pieces in process: what a file holds reaches the runtime as the input's dtype; what is
+    found before the runtime starts is a PredictError, the rest the runtime's own check."""
+    from gpux_pack.commands.predict import Given, PredictError
+    from gpux_pack.inference import Input, encode
+    from gpux_pack.runtime.tensors import RequestError, ServedTensor
+    from gpux_pack.runtime.v2 import decode_rest, split_binary
 
     specs = [ServedTensor("a", "float32", ("batch", 2)), ServedTensor("b", "int64", ("batch",))]
+
+    def feeds(specs, given):  # encoded here, decoded by the runtime as `predict PATH` and an image decode it
+        request = encode([Input(s.name, s.datatype) for s in specs], given)
+        header, blobs = split_binary(request.body, str(request.header_length))
+        return decode_rest(header, specs, [], blobs=blobs)[0]
+
     out = feeds(specs, [Given("a", np.ones((3, 2), np.float64), "--input a=a.npy"), Given("b", [1, 2, 3], "--input b")])
     assert out["a"].dtype == np.float32 and out["b"].dtype == np.int64
-    with pytest.raises(PredictError, match="batch"):  # the named dimension must agree across inputs
+    with pytest.raises(RequestError, match="batch"):  # the named dimension must agree across inputs
         feeds(specs, [Given("a", np.ones((3, 2), np.float32), "x"), Given("b", [1, 2], "y")])
     with pytest.raises(PredictError, match="missing b"):
         feeds(specs, [Given("a", np.ones((3, 2), np.float32), "x")])
