@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable, Mapping, Union
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from . import number_arrays, openapi
 from .metrics import Metrics, route
 from .budget import Budget, Charge, trim, tune_malloc
 from .resources import INLINE_BYTES, INLINE_DECODE, REQUEST_OVERHEAD
+from .routes import Routes
 from .scheduler import Batching, Overloaded, Scheduler
 from . import warmup
 from .session import Items, Model, joined, rejected
@@ -40,8 +40,10 @@ access = logging.getLogger("gpux.access")
 Feeds = Union[dict[str, np.ndarray], list[dict[str, np.ndarray]]]  # one request's, or a /predict array's
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
+Scope = dict[str, Any]
+Params = Mapping[str, str]  # a path pattern's parameters (routes.py)
+Handler = Callable[[Scope, Receive, Params], Awaitable["Response"]]
 
-_V2_MODEL = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<rest>/ready|/infer)?$")
 JSON = b"application/json"
 BINARY_HEADER = b"inference-header-content-length"
 
@@ -104,6 +106,7 @@ class App:
                                    self.metrics.observe_run)
         self.budget = Budget(model, self.codec)
         self.inline_run = 0  # input bytes up to which a run is made on the event loop (warmup.inline_run_bytes)
+        self.routes = self._routes()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -154,7 +157,8 @@ class App:
         started = time.perf_counter()
         allow = None
         try:
-            response = await self._route(scope, receive)
+            handler, params = self.routes.find(scope["method"], scope["path"])
+            response = await handler(scope, receive, params)
         except RequestError as e:
             # KServe v2's error body is {"error"}; GPUX's (FastAPI's) {"detail"}: both, off /v2
             body = {"error": str(e)} if scope["path"].startswith("/v2") else {"error": str(e), "detail": str(e)}
@@ -205,73 +209,81 @@ class App:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _route(self, scope: dict[str, Any], receive: Receive) -> Response:
-        method, path = scope["method"], scope["path"].rstrip("/") or "/"
-        model = self.model
-        name, version = model.spec.name, model.spec.version
+    def _routes(self) -> Routes[Handler]:
+        """Every endpoint: (method, path) -> its handler; 404 and 405 (with Allow) follow from it."""
+        return Routes([
+            ("GET", "/health", self.health),  # GPUX's answer (monitoring checks status == "healthy"), and ours
+            ("GET", "/info", self.info),
+            ("GET", "/metrics", self.metrics_page),
+            ("POST", "/predict", self.predict),
+            ("GET", "/openapi.json", self.openapi_document),  # GPUX's (FastAPI's) API description,
+            ("GET", "/docs", self.docs_page),  # and a page that renders it
+            ("GET", "/redoc", self.docs_page),
+            ("GET", "/v2", self.server_metadata),
+            ("GET", "/v2/health/live", self.live),
+            ("GET", "/v2/health/ready", self.server_ready),
+            ("GET", "/v2/models/{model}[/versions/{version}]", self.model_metadata),
+            ("GET", "/v2/models/{model}[/versions/{version}]/ready", self.model_ready),
+            ("POST", "/v2/models/{model}[/versions/{version}]/infer", self.infer_v2),
+        ], check=self.known_model)
 
-        if path == "/health":  # GPUX's answer (monitoring checks status == "healthy"), and ours
-            self._only(method, "GET")
-            title, ready = model.spec.title, self.is_ready()
-            return _json(200 if ready else 503, {"status": "healthy" if ready else self.state(), "model": title,
-                                                 "ready": ready})
-        if path == "/info":
-            self._only(method, "GET")
-            return _json(200, to_json(model.info()))  # metadata from the model may hold NaN or odd types
-        if path == "/metrics":
-            self._only(method, "GET")
-            if _wants_json(scope):  # GPUX's /metrics: the provider in use and what onnxruntime offers
-                return _json(200, model.provider_report())
-            self.metrics.queue.set(self.scheduler.depth)
-            self.metrics.in_flight.set(self.budget.in_flight_bytes)
-            self.metrics.room.set(self.budget.room)
-            self.metrics.floor.set(self.budget.floor or 0)
-            body, content_type = self.metrics.render()
-            return Response(200, body, content_type.encode())
-        if path == "/predict":
-            self._only(method, "POST")
-            return await self._infer_request(scope, receive, v2=False)
-        if path == "/openapi.json":  # GPUX's (FastAPI's) API description, and a page that renders it
-            self._only(method, "GET")
-            if self.openapi is None:
-                self.openapi = dumps(openapi.document(model.spec, self.pack_version))
-            return Response(200, self.openapi)
-        if path in ("/docs", "/redoc"):
-            self._only(method, "GET")
-            return Response(200, openapi.DOCS_PAGE, b"text/html; charset=utf-8")
-        if path == "/v2":
-            self._only(method, "GET")
-            return _json(200, {"name": "gpux", "version": self.pack_version, "extensions": ["binary_tensor_data"]})
-        if path == "/v2/health/live":
-            self._only(method, "GET")
-            return _json(200, {"live": True})
-        if path == "/v2/health/ready":
-            self._only(method, "GET")
-            return _json(200, {"ready": True}) if self.is_ready() else _json(503, {"ready": False})
-        m = _V2_MODEL.match(path)
-        if m:
-            if m["name"] != name:
-                raise RequestError(f"unknown model '{m['name']}'; this server serves '{name}'", 404)
-            if m["version"] is not None and m["version"] != version:
-                raise RequestError(f"unknown version '{m['version']}' of '{name}'; it has '{version}'", 404)
-            rest = m["rest"]
-            if rest is None:
-                self._only(method, "GET")
-                return _json(200, self.metadata())
-            if rest == "/ready":
-                self._only(method, "GET")
-                return _json(200 if self.is_ready() else 503, {"name": name, "ready": self.is_ready()})
-            self._only(method, "POST")
-            return await self._infer_request(scope, receive, v2=True)
-        raise RequestError(f"no such endpoint: {method} {scope['path']}", 404)
+    def known_model(self, params: Mapping[str, str]) -> None:
+        """A /v2/models path's model and version are this server's, or 404."""
+        name, version = self.model.spec.name, self.model.spec.version
+        if params["model"] != name:
+            raise RequestError(f"unknown model '{params['model']}'; this server serves '{name}'", 404)
+        if params["version"] is not None and params["version"] != version:
+            raise RequestError(f"unknown version '{params['version']}' of '{name}'; it has '{version}'", 404)
+
+    async def health(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        title, ready = self.model.spec.title, self.is_ready()
+        return _json(200 if ready else 503, {"status": "healthy" if ready else self.state(), "model": title,
+                                             "ready": ready})
+
+    async def info(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return _json(200, to_json(self.model.info()))  # metadata from the model may hold NaN or odd types
+
+    async def metrics_page(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        if _wants_json(scope):  # GPUX's /metrics: the provider in use and what onnxruntime offers
+            return _json(200, self.model.provider_report())
+        self.metrics.queue.set(self.scheduler.depth)
+        self.metrics.in_flight.set(self.budget.in_flight_bytes)
+        self.metrics.room.set(self.budget.room)
+        self.metrics.floor.set(self.budget.floor or 0)
+        body, content_type = self.metrics.render()
+        return Response(200, body, content_type.encode())
+
+    async def predict(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return await self._infer_request(scope, receive, v2=False)
+
+    async def openapi_document(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        if self.openapi is None:
+            self.openapi = dumps(openapi.document(self.model.spec, self.pack_version))
+        return Response(200, self.openapi)
+
+    async def docs_page(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return Response(200, openapi.DOCS_PAGE, b"text/html; charset=utf-8")
+
+    async def server_metadata(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return _json(200, {"name": "gpux", "version": self.pack_version, "extensions": ["binary_tensor_data"]})
+
+    async def live(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return _json(200, {"live": True})
+
+    async def server_ready(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return _json(200, {"ready": True}) if self.is_ready() else _json(503, {"ready": False})
+
+    async def model_metadata(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return _json(200, self.metadata())
+
+    async def model_ready(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return _json(200 if self.is_ready() else 503, {"name": self.model.spec.name, "ready": self.is_ready()})
+
+    async def infer_v2(self, scope: Scope, receive: Receive, params: Params) -> Response:
+        return await self._infer_request(scope, receive, v2=True)
 
     def state(self) -> str:
         return "draining" if self.draining else "warming up"
-
-    @staticmethod
-    def _only(method: str, allowed: str) -> None:
-        if method != allowed:
-            raise RequestError(f"method {method} not allowed here; use {allowed}", 405, allow=allowed)
 
     def metadata(self) -> dict[str, Any]:
         m = self.model
