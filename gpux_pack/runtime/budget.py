@@ -80,6 +80,10 @@ class Budget:
             self.measure()
         raise RequestError("too many request bytes in flight; retry shortly", 503, refused="memory")
 
+    def held(self, n: int) -> Hold:
+        """n bytes charged (503 past the budget), as a Hold: `with budget.held(n) as hold:`."""
+        return Hold(self, self.hold(n))
+
     def hold_decode(self, cost: int, size: int) -> int:
         """Count what decoding a body will hold; a body that could never fit is 413, not an OOM."""
         limit = self.settings.max_in_flight_bytes
@@ -128,23 +132,68 @@ class Budget:
         return needed
 
 
-class Charge:
+class Hold:
+    """Bytes a request holds against the in-flight budget, given back exactly once: when the
+    `with` block that holds them ends (an answer, a refusal, an error alike), or, once handed to
+    an answer sent after that (transfer), when it is sent. Nothing is released by hand."""
+
+    __slots__ = ("budget", "bytes")
+
+    def __init__(self, budget: Budget, n: int = 0):
+        self.budget, self.bytes = budget, n  # n: already charged to the budget
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def grow(self, n: int) -> None:
+        """n bytes more; 503 past the in-flight budget (what is held stays held until released)."""
+        self.bytes += self.budget.hold(n)
+
+    def grow_decode(self, cost: int, size: int) -> None:
+        """What decoding a size-byte body will hold; 413 where it could never fit (Budget.hold_decode)."""
+        self.bytes += self.budget.hold_decode(cost, size)
+
+    def swap(self, n: int) -> None:
+        """Hold n bytes in place of what is held now: the new charge first, then the old given
+        back, so no other request takes the room in between (503 leaves the old held)."""
+        self.budget.hold(n)
+        old, self.bytes = self.bytes, n
+        self.budget.release(old)
+
+    def transfer(self) -> Hold:
+        """What is held, in a new Hold for an answer sent after this one's block ends; this one
+        then holds nothing."""
+        n, self.bytes = self.bytes, 0
+        return Hold(self.budget, n)
+
+    def release(self) -> None:
+        n, self.bytes = self.bytes, 0
+        if n:
+            self.budget.release(n)
+
+
+class Charge(Hold):
     """What a preprocessing step holds while it works (an image's decoded pixels): past the
     per-request budget a 413, past the in-flight one a 503, held until released."""
 
+    __slots__ = ("body_bytes",)
+
     def __init__(self, budget: Budget, body_bytes: int):
-        self.budget, self.body_bytes, self.held = budget, body_bytes, 0
+        super().__init__(budget)
+        self.body_bytes = body_bytes
+
+    def __enter__(self) -> Charge:
+        return self
 
     def __call__(self, n: int) -> None:
         limit = self.budget.settings.max_request_bytes
-        if self.held + n > limit:  # what the request's earlier steps (its other images) hold counts
-            raise RequestError(f"preprocessing this request would hold about {self.held + n} bytes, more than this "
+        if self.bytes + n > limit:  # what the request's earlier steps (its other images) hold counts
+            raise RequestError(f"preprocessing this request would hold about {self.bytes + n} bytes, more than this "
                                f"server's budget of {limit} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)
-        self.held += self.budget.hold_decode(n, self.body_bytes)
-
-    def release(self) -> None:
-        self.budget.release(self.held)
-        self.held = 0
+        self.grow_decode(n, self.body_bytes)
 
 
 ANSWER_TEXT = 20  # bytes a JSON answer holds per output element while orjson writes it (measured:

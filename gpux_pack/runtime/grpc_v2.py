@@ -181,16 +181,13 @@ class Servicer:
         app = self.app
         if not app.is_ready():
             raise RequestError(f"the model is {app.state()}; retry when ServerReady is true", 503, refused="not_ready")
-        held = app.budget.hold(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD)
-        try:
+        with app.budget.held(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD) as hold:
             loop = asyncio.get_running_loop()
             if len(raw) > INLINE_BYTES or app.model.steps:  # preprocessing: off the event loop
                 request, feeds, names, needed = await loop.run_in_executor(app.codec, self.infer_request, raw)
             else:
                 request, feeds, names, needed = self.infer_request(raw)
-            needed = app.budget.hold(needed + len(raw))  # the message's bytes stay with grpc until we answer
-            app.budget.release(held)
-            held = needed
+            hold.swap(needed + len(raw))  # the message's bytes stay with grpc until we answer
             outputs = await app.run(feeds, names)
             del feeds
 
@@ -201,8 +198,6 @@ class Servicer:
             if sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES:
                 return await loop.run_in_executor(app.codec, answer_bytes)
             return answer_bytes()
-        finally:
-            app.budget.release(held)
 
     def infer_request(self, raw: bytes) -> tuple[Any, dict[str, np.ndarray], list[str] | None, int]:
         """In a codec thread: the message parsed and checked, its feeds, and what the rest of the
@@ -210,11 +205,8 @@ class Servicer:
         request = parse(self.m["ModelInferRequest"], "ModelInfer", raw)
         self.check_model(request)
         feeds, names = decode(request, self.app.model, self.app.model.settings.max_request_bytes)
-        charge = Charge(self.app.budget, len(raw))
-        try:
+        with Charge(self.app.budget, len(raw)) as charge:
             feeds, _ = self.app.model.prepare(feeds, charge)
-        finally:
-            charge.release()
         request_bytes = self.app.budget.request_bytes(feeds, V2Request(outputs=names, binary_default=True), True)
         return request, feeds, names, request_bytes
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import number_arrays, openapi
 from .metrics import Metrics, route
-from .budget import Budget, Charge, trim, tune_malloc
+from .budget import Budget, Charge, Hold, trim, tune_malloc
 from .resources import INLINE_BYTES, INLINE_DECODE, REQUEST_OVERHEAD
 from .routes import Routes
 from .scheduler import Batching, Overloaded, Scheduler
@@ -54,7 +54,7 @@ class Response:
     body: bytes
     content_type: bytes = JSON
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    held: int = 0  # in-flight bytes this answer is charged, released once it is sent
+    held: Hold | None = None  # the in-flight bytes this answer is charged, released once it is sent
 
 
 def _encode_each(answers: list[dict[str, Any]]) -> bytes:
@@ -174,7 +174,8 @@ class App:
         try:
             await _send(send, response)
         finally:
-            self.budget.release(response.held)
+            if response.held is not None:
+                response.held.release()
         seconds = time.perf_counter() - started
         path = scope["path"]
         self.metrics.observe_request(route(path.rstrip("/") or "/", self.model.spec.name), response.status, seconds)
@@ -308,10 +309,8 @@ class App:
         if declared > limit:
             raise RequestError(f"request body of {declared} bytes exceeds the limit of {limit} "
                                "(GPUX_MAX_BODY_BYTES)", 413)
-        held = self.budget.hold(REQUEST_OVERHEAD)
-        try:
-            body, extra = await self._read(receive, limit)
-            held += extra
+        with self.budget.held(REQUEST_OVERHEAD) as hold:
+            body = await self._read(receive, hold, limit)
             loop = asyncio.get_running_loop()
             self.scheduler.arrive(1)
             try:  # JSON tensors cost time in proportion: off the loop; a small or binary body: here
@@ -325,13 +324,10 @@ class App:
                 self.scheduler.arrive(-1)
             del body
             # the body is gone: from here on the request holds its tensors, the model's and its answer
-            needed = self.budget.hold(needed)
-            self.budget.release(held)
-            held = needed
+            hold.swap(needed)
             if isinstance(feeds, list) and not isinstance(feeds, Items):  # GPUX's batch form: each item a run
-                response = await self._predict_each(feeds, held, request.extra.get("each") or [])
-                held = 0  # released once the answer is sent
-                return response
+                parts = await self._predict_each(feeds, request.extra.get("each") or [])
+                return Response(200, parts, held=hold.transfer())  # released once the answer is sent
             outputs = await self.run(feeds, request.outputs)
             del feeds
             large = sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES // 4
@@ -342,9 +338,7 @@ class App:
                     payload = await loop.run_in_executor(self.codec, encode_predict, outputs)
                 else:
                     payload = encode_predict(outputs)
-                response = Response(200, payload, held=held)
-                held = 0  # released once the answer is sent
-                return response
+                return Response(200, payload, held=hold.transfer())
             head = {"model_name": self.model.spec.name, "model_version": self.model.spec.version}
             if request.id is not None:
                 head["id"] = request.id
@@ -355,17 +349,11 @@ class App:
                 payload, header_length = encode_v2(outputs, self.outputs, request, head)
             del outputs
             if header_length is None:
-                response = Response(200, payload, held=held)
-            else:
-                response = Response(200, payload, b"application/octet-stream",
-                                    [(BINARY_HEADER, str(header_length).encode())], held)
-            held = 0
-            return response
-        finally:
-            self.budget.release(held)
+                return Response(200, payload, held=hold.transfer())
+            return Response(200, payload, b"application/octet-stream",
+                            [(BINARY_HEADER, str(header_length).encode())], hold.transfer())
 
-    async def _predict_each(self, feeds: list[dict[str, np.ndarray]], held: int,
-                            extras: list[dict[str, Any]]) -> Response:
+    async def _predict_each(self, feeds: list[dict[str, np.ndarray]], extras: list[dict[str, Any]]) -> bytes:
         """Run every item of a /predict array at once; the answers in the same order (each with
         what its preprocessing answers beside: a letterbox's geometry), or the first item's error,
         naming it. Waits for every run, so what they hold is released after them."""
@@ -379,8 +367,7 @@ class App:
             answers = [labelled(a, self.model.labels) for a in answers]
         if extras:
             answers = [{**a, **extra} for a, extra in zip(answers, extras)]
-        parts = await asyncio.get_running_loop().run_in_executor(self.codec, _encode_each, answers)
-        return Response(200, parts, held=held)
+        return await asyncio.get_running_loop().run_in_executor(self.codec, _encode_each, answers)
 
     async def _run_items(self, items: Items, names: list[str] | None) -> dict[str, Any]:
         """Each item's run (batched when batching is on), the outputs joined along the first
@@ -398,37 +385,33 @@ class App:
         if e.refused:
             self.metrics.refused.labels(e.refused).inc()
 
-    async def _read(self, receive: Receive, limit: int) -> tuple[bytes | bytearray, int]:
-        """The body, within the limit; (body, the bytes held for it). Each piece is charged to the
-        in-flight budget as it arrives, not the length the client declared: a client that
-        declares 8 MiB and trickles it holds what it has sent, so eight of them cannot hold
-        every other request off (503) for as long as they trickle. The pieces go into one buffer
-        that grows in place (past 1 MiB malloc maps it and grows it with mremap: no copy), so
-        memory grows with what arrived, as the charge does."""
+    async def _read(self, receive: Receive, hold: Hold, limit: int) -> bytes | bytearray:
+        """The body, within the limit. Each piece is charged to the in-flight budget (hold) as it
+        arrives, not the length the client declared: a client that declares 8 MiB and trickles it
+        holds what it has sent, so eight of them cannot hold every other request off (503) for as
+        long as they trickle. The pieces go into one buffer that grows in place (past 1 MiB malloc
+        maps it and grows it with mremap: no copy), so memory grows with what arrived, as the
+        charge does."""
         buffer: bytearray | None = None
-        held = 0
-        try:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise RequestError("client went away", 400)
-                chunk = message.get("body", b"")
-                more = message.get("more_body", False)
-                if buffer is None and not more:
-                    if len(chunk) > limit:
-                        raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
-                    return chunk, self.budget.hold(len(chunk))  # the whole body at once: no copy
-                if buffer is None:
-                    buffer = bytearray()
-                if len(buffer) + len(chunk) > limit:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestError("client went away", 400)
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            if buffer is None and not more:
+                if len(chunk) > limit:
                     raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
-                held += self.budget.hold(len(chunk))
-                buffer += chunk
-                if not more:
-                    return buffer, held
-        except BaseException:
-            self.budget.release(held)
-            raise
+                hold.grow(len(chunk))
+                return chunk  # the whole body at once: no copy
+            if buffer is None:
+                buffer = bytearray()
+            if len(buffer) + len(chunk) > limit:
+                raise RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
+            hold.grow(len(chunk))
+            buffer += chunk
+            if not more:
+                return buffer
 
     def _decode(self, body: bytes | bytearray, headers: dict[bytes, bytes], v2: bool) -> tuple[Feeds, V2Request, int]:
         """In a codec thread: the body as feeds, checked against the per-request budget, and the
@@ -459,9 +442,8 @@ class App:
                 cost = numeric.decode_cost(itemsize)
             else:
                 cost = len(body) * JSON_FACTOR
-        held = self.budget.hold_decode(cost, len(body))
-        charge = Charge(self.budget, len(body))
-        try:
+        with Hold(self.budget) as decoding, Charge(self.budget, len(body)) as charge:
+            decoding.grow_decode(cost, len(body))
             if media:  # a raw body: one encoded image or WAV file (its Content-Type says which)
                 name = model.steps.body_input(content_type.decode("latin-1"))  # type: ignore[union-attr]
                 feeds = {name: np.array([bytes(body)], dtype=object)}
@@ -504,9 +486,6 @@ class App:
                     feeds = decode_predict(parsed, model.inputs, model.overridable, fast, model.outputs)
                 request = V2Request()
             feeds, request.extra = model.prepare(feeds, charge)  # text tokenized, images decoded: the graph's inputs
-        finally:
-            self.budget.release(held)
-            charge.release()
         return feeds, request, self.budget.request_bytes(feeds, request, v2)
 
     async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
