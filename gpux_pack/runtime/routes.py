@@ -23,20 +23,14 @@ class Routes(Generic[H]):
         """table: (method, path or pattern, handler) rows; check(params) raises for parameters no
         route serves (a RequestError, 404), before the method is looked at."""
         self.exact: dict[str, dict[str, H]] = {}
-        self.patterns: list[tuple[re.Pattern[str], dict[str, H]]] = []
         self.check = check
-        by_pattern: dict[str, dict[str, H]] = {}
+        patterns: dict[str, dict[str, H]] = {}
         for method, path, handler in table:
-            if "{" in path:
-                methods = by_pattern.get(path)
-                if methods is None:
-                    methods = by_pattern[path] = {}
-                    self.patterns.append((compile_pattern(path), methods))
-            else:
-                methods = self.exact.setdefault(path, {})
+            methods = (patterns if "{" in path else self.exact).setdefault(path, {})
             if method in methods:
                 raise ValueError(f"{method} {path} is routed twice")
             methods[method] = handler
+        self.patterns = [(compile_pattern(path), methods) for path, methods in patterns.items()]  # in the table's order
 
     def find(self, method: str, path: str) -> tuple[H, Mapping[str, str]]:
         """The handler for a request and its path's parameters; a trailing slash is not part of
@@ -63,12 +57,13 @@ class Routes(Generic[H]):
 
 def compile_pattern(path: str) -> re.Pattern[str]:
     """`/v2/models/{model}[/versions/{version}]/infer` as an anchored regular expression: a
-    parameter is one path segment, a bracketed part optional."""
+    parameter is one path segment, a bracketed part optional. A parameter never gives back
+    what it matched (possessive): a path that is not this pattern fails at once."""
     out, at = [], 0
     for token in re.finditer(r"\{(\w+)\}|\[|\]", path):
         out.append(re.escape(path[at:token.start()]))
-        text = token.group(0)
-        out.append(f"(?P<{token.group(1)}>[^/]+)" if token.group(1) else "(?:" if text == "[" else ")?")
+        name = token.group(1)
+        out.append(f"(?P<{name}>[^/]++)" if name else "(?:" if token.group(0) == "[" else ")?")
         at = token.end()
     out.append(re.escape(path[at:]))
     return re.compile("".join(out) + r"\Z")
