@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -134,27 +134,30 @@ class Budget:
 
 class Hold:
     """Bytes a request holds against the in-flight budget, given back exactly once: when the
-    `with` block that holds them ends (an answer, a refusal, an error alike), or, once handed to
-    an answer sent after that (transfer), when it is sent. Nothing is released by hand."""
+    `with` block that holds them ends (an answer, a refusal, an error alike), or, when that
+    block handed them to an answer sent after it (transfer), once that answer is sent (release,
+    or a `with` block of its sender's). Releasing twice gives back nothing the second time."""
 
-    __slots__ = ("budget", "bytes")
+    __slots__ = ("budget", "bytes", "kept")
 
     def __init__(self, budget: Budget, n: int = 0):
         self.budget, self.bytes = budget, n  # n: already charged to the budget
+        self.kept = False  # transferred: the end of the block it was transferred in leaves it held
 
-    def __enter__(self) -> Hold:
+    def __enter__(self) -> Self:
+        self.kept = False
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, error: type[BaseException] | None, *exc: object) -> None:
+        if self.kept and error is None:
+            return
+        n, self.bytes = self.bytes, 0
+        if n:
+            self.budget.release(n)
 
     def grow(self, n: int) -> None:
         """n bytes more; 503 past the in-flight budget (what is held stays held until released)."""
         self.bytes += self.budget.hold(n)
-
-    def grow_decode(self, cost: int, size: int) -> None:
-        """What decoding a size-byte body will hold; 413 where it could never fit (Budget.hold_decode)."""
-        self.bytes += self.budget.hold_decode(cost, size)
 
     def swap(self, n: int) -> None:
         """Hold n bytes in place of what is held now: the new charge first, then the old given
@@ -164,10 +167,10 @@ class Hold:
         self.budget.release(old)
 
     def transfer(self) -> Hold:
-        """What is held, in a new Hold for an answer sent after this one's block ends; this one
-        then holds nothing."""
-        n, self.bytes = self.bytes, 0
-        return Hold(self.budget, n)
+        """This Hold, for an answer sent after its block ends: the block's end (unless an error
+        ends it) leaves it held, and whoever sends the answer releases it. The block's last step."""
+        self.kept = True
+        return self
 
     def release(self) -> None:
         n, self.bytes = self.bytes, 0
@@ -176,24 +179,27 @@ class Hold:
 
 
 class Charge(Hold):
-    """What a preprocessing step holds while it works (an image's decoded pixels): past the
-    per-request budget a 413, past the in-flight one a 503, held until released."""
+    """What decoding a body and preprocessing it hold while they work (JSON's objects, an image's
+    decoded pixels), given back once the request is decoded. decode(cost): what parsing the body
+    holds at its peak, a 413 where it could never fit; charge(n), each preprocessing step's: past
+    the per-request budget a 413 (what the earlier steps, the request's other images, hold counts),
+    past the in-flight one a 503."""
 
-    __slots__ = ("body_bytes",)
+    __slots__ = ("body_bytes", "steps")
 
     def __init__(self, budget: Budget, body_bytes: int):
-        super().__init__(budget)
-        self.body_bytes = body_bytes
+        self.budget, self.bytes, self.kept, self.body_bytes, self.steps = budget, 0, False, body_bytes, 0
 
-    def __enter__(self) -> Charge:
-        return self
+    def decode(self, cost: int) -> None:
+        self.bytes += self.budget.hold_decode(cost, self.body_bytes)
 
     def __call__(self, n: int) -> None:
         limit = self.budget.settings.max_request_bytes
-        if self.bytes + n > limit:  # what the request's earlier steps (its other images) hold counts
-            raise RequestError(f"preprocessing this request would hold about {self.bytes + n} bytes, more than this "
+        if self.steps + n > limit:
+            raise RequestError(f"preprocessing this request would hold about {self.steps + n} bytes, more than this "
                                f"server's budget of {limit} bytes per request (GPUX_MAX_REQUEST_BYTES)", 413)
-        self.grow_decode(n, self.body_bytes)
+        self.bytes += self.budget.hold_decode(n, self.body_bytes)
+        self.steps += n
 
 
 ANSWER_TEXT = 20  # bytes a JSON answer holds per output element while orjson writes it (measured:
@@ -232,6 +238,11 @@ def working(terms: list[tuple[tuple[tuple[str, int], ...], int]], feeds: dict[st
             n *= int(arr.shape[axis]) if arr is not None and axis < arr.ndim else 1
         total += n
     return total
+
+
+def body_over_limit(limit: int) -> RequestError:
+    """A request's body (an HTTP body, a gRPC message) past GPUX_MAX_BODY_BYTES."""
+    return RequestError(f"request body exceeds the limit of {limit} bytes (GPUX_MAX_BODY_BYTES)", 413)
 
 
 TRIM_AFTER = 16 << 20  # a request charged this much may leave freed memory in malloc's free lists (the most)

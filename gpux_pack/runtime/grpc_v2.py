@@ -6,21 +6,21 @@ The messages are described here as data (names, field numbers and types of the p
 `grpc_predict_v2.proto`, which Triton's `grpc_service.proto` extends) and built at start with
 protobuf's descriptor API: no protoc step, no generated files. A test compares every field
 with tritonclient's own descriptors. grpcio and protobuf are in the image only when the port
-is set. Inference goes through the HTTP server's scheduler and budgets: same queue, same
-batching, same limits.
+is set. ModelInfer is the data plane's (dataplane.py), the path REST's infer takes: same
+readiness, budget, queue, batching, limits and messages; this module is gRPC's wire: the
+messages, their parsing and encoding, and the status code each refusal maps to.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 from typing import Any
 
 import numpy as np
 
-from .budget import Charge
+from .budget import body_over_limit
 from .contract import BINARY_ONLY, DTYPES
-from .resources import INLINE_BYTES, REQUEST_OVERHEAD
 from .tensors import RequestError, from_binary, to_binary
 from .v2 import V2Input, V2Request, check
 
@@ -131,7 +131,9 @@ def _camel(name: str, upper: bool = False) -> str:
     return text[:1].upper() + text[1:] if upper else text
 
 
+@functools.lru_cache(maxsize=None)
 def message_classes() -> dict[str, Any]:
+    """Every message's class, made once (the servicer and the data plane share them)."""
     from google.protobuf import descriptor_pool, message_factory
 
     pool = descriptor_pool.DescriptorPool()
@@ -175,49 +177,38 @@ class Servicer:
         return out
 
     async def ModelInfer(self, raw: bytes, context: Any) -> bytes:
-        """Charged from the message's size before it is parsed (the parse holds it twice, the
-        tensors once more), parsed and decoded off the event loop (a 16 MiB typed call held the
-        loop, and readiness, for 0.8 s), answered off it when large: the response's bytes."""
-        app = self.app
-        if not app.is_ready():
-            raise RequestError(f"the model is {app.state()}; retry when ServerReady is true", 503, refused="not_ready")
-        with app.budget.held(PARSE_FACTOR * len(raw) + REQUEST_OVERHEAD) as hold:
-            loop = asyncio.get_running_loop()
-            if len(raw) > INLINE_BYTES or app.model.steps:  # preprocessing: off the event loop
-                request, feeds, names, needed = await loop.run_in_executor(app.codec, self.infer_request, raw)
-            else:
-                request, feeds, names, needed = self.infer_request(raw)
-            hold.swap(needed + len(raw))  # the message's bytes stay with grpc until we answer
-            outputs = await app.run(feeds, names)
-            del feeds
-
-            def answer_bytes() -> bytes:  # serialized here, not by grpc on the event loop
-                return encode(self.m["ModelInferResponse"], outputs, app.outputs, self.name, self.version,
-                              request.id).SerializeToString()
-
-            if sum(getattr(v, "nbytes", 0) for v in outputs.values()) > INLINE_BYTES:
-                return await loop.run_in_executor(app.codec, answer_bytes)
-            return answer_bytes()
-
-    def infer_request(self, raw: bytes) -> tuple[Any, dict[str, np.ndarray], list[str] | None, int]:
-        """In a codec thread: the message parsed and checked, its feeds, and what the rest of the
-        call holds (as HTTP counts it, answered in raw bytes, plus the message itself)."""
-        request = parse(self.m["ModelInferRequest"], "ModelInfer", raw)
-        self.check_model(request)
-        feeds, names = decode(request, self.app.model, self.app.model.settings.max_request_bytes)
-        with Charge(self.app.budget, len(raw)) as charge:
-            feeds, _ = self.app.model.prepare(feeds, charge)
-        request_bytes = self.app.budget.request_bytes(feeds, V2Request(outputs=names, binary_default=True), True)
-        return request, feeds, names, request_bytes
+        """The data plane's answer (dataplane.py: the path REST takes too), as the response's bytes.
+        grpc has read the whole message (within call_limits): it is charged PARSE_FACTOR times
+        before it is parsed (the parse holds it twice, the tensors once more), and released once
+        the answer is handed back."""
+        plane = self.app.plane
+        response = await plane.infer(plane.grpc, _charged, raw)
+        with response.held:
+            return response.body
 
     def check_model(self, request: Any) -> None:
-        infer = request.DESCRIPTOR.name == "ModelInferRequest"
-        asked = request.model_name if infer else request.name
-        if asked != self.name:
-            raise RequestError(f"unknown model '{asked}'; this server serves '{self.name}'", 404)
-        asked_version = request.model_version if infer else request.version
-        if asked_version and asked_version != self.version:
-            raise RequestError(f"unknown version '{asked_version}' of '{self.name}'; it has '{self.version}'", 404)
+        check_model(request, self.name, self.version)
+
+
+async def _charged(raw: bytes, hold: Any, limit: int) -> bytes:
+    """The message grpc has read, charged as the data plane reads a body: past the body limit
+    413, as an HTTP body (grpc's own limit, call_limits, is never under 1 MiB); then PARSE_FACTOR
+    times its size before it is parsed."""
+    if len(raw) > limit:
+        raise body_over_limit(limit)
+    hold.grow(PARSE_FACTOR * len(raw))
+    return raw
+
+
+def check_model(request: Any, name: str, version: str) -> None:
+    """A request's model (and version, when it names one) are this server's, or 404."""
+    infer = request.DESCRIPTOR.name == "ModelInferRequest"
+    asked = request.model_name if infer else request.name
+    if asked != name:
+        raise RequestError(f"unknown model '{asked}'; this server serves '{name}'", 404)
+    asked_version = request.model_version if infer else request.version
+    if asked_version and asked_version != version:
+        raise RequestError(f"unknown version '{asked_version}' of '{name}'; it has '{version}'", 404)
 
 
 async def start(app: Any, port: int, host: str) -> Any:
@@ -286,16 +277,17 @@ def parse(message: Any, method: str, raw: bytes) -> Any:
         raise RequestError(f"{method}: the request is not a valid {message.DESCRIPTOR.name} ({detail})") from None
 
 
-def decode(message: Any, model: Any, budget: int) -> tuple[dict[str, np.ndarray], list[str] | None]:
-    """ModelInferRequest -> feeds, checked as a REST request is (v2.check: one set of messages)."""
+def decode(message: Any, model: Any, budget: int) -> tuple[dict[str, np.ndarray], V2Request]:
+    """ModelInferRequest -> feeds, checked as a REST request is (v2.check: one set of messages),
+    and what to answer (every output as raw bytes)."""
     raw = list(message.raw_input_contents)
     if raw and len(raw) != len(message.inputs):
         raise RequestError(f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs")
-    request = V2Request(outputs=[o.name for o in message.outputs] or None, binary_default=True)
+    request = V2Request(id=message.id, outputs=[o.name for o in message.outputs] or None, binary_default=True)
     for i, item in enumerate(message.inputs):
         content = _raw(memoryview(raw[i])) if raw else _typed(item)
         request.inputs.append(V2Input(item.name, item.datatype, list(item.shape), content))
-    return check(request, model.inputs, model.outputs, model.overridable, budget), request.outputs
+    return check(request, model.inputs, model.outputs, model.overridable, budget), request
 
 
 def _raw(data: memoryview) -> Any:

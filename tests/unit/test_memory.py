@@ -57,7 +57,7 @@ def test_large_numeric_json_equals_the_small_path_bit_for_bit(mlp):
     status, answer, _ = mlp.request("POST", "/v2/models/iris-mlp/infer", v2)
     assert status == 200
     np.testing.assert_array_equal(np.asarray(answer["outputs"][0]["data"], np.float32).reshape(20000, 3), logits)
-    feeds, _, _ = mlp.app._decode(body, {}, False)
+    feeds, _, _ = mlp.app.plane.decode(mlp.app.plane.predict, body)
     np.testing.assert_array_equal(feeds["features"], np.array(orjson.loads(body)["features"], np.float32))
 
 
@@ -66,7 +66,7 @@ def test_decoding_12_mib_of_float_rows_holds_a_fraction_of_what_python_objects_w
     body = b'{"features": [' + b"[5.1,3.5,1.4,0.2]," * (12 * MiB // 18) + b"[5.1,3.5,1.4,0.2]]}"
     tracemalloc.start()
     try:
-        feeds, _, _ = mlp.app._decode(body, {}, False)
+        feeds, _, _ = mlp.app.plane.decode(mlp.app.plane.predict, body)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

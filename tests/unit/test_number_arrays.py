@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from gpux_pack.runtime import number_arrays, server
+from gpux_pack.runtime import dataplane, number_arrays
 from tests.in_process import Client
 
 F32 = {"features": np.dtype(np.float32)}
@@ -94,7 +94,7 @@ def test_served_answers_are_the_same_with_and_without_it(mlp, monkeypatch):
                 text.insert(at, rng.choice(alphabet))
         bodies.append("".join(text).encode())
     fast = [client.request("POST", "/predict", b) for b in bodies]
-    monkeypatch.setattr(server.number_arrays, "arrays", lambda raw, dtypes: None)
+    monkeypatch.setattr(dataplane.number_arrays, "arrays", lambda raw, dtypes: None)
     general = [client.request("POST", "/predict", b) for b in bodies]
     assert [(s, a) for s, a, _ in fast] == [(s, a) for s, a, _ in general]
     assert sum(s == 200 for s, _, _ in fast) > 20  # some mutations stay valid requests
