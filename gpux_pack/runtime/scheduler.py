@@ -79,6 +79,10 @@ class Scheduler:
         return self._closed
 
     def arrive(self, delta: int) -> None:
+        """delta requests began (1) or finished (-1) decoding: a batch waits for them. Without
+        batching nothing reads the count, and the notification would wake every idle worker."""
+        if self.batching is None:
+            return
         with self._cv:
             self.arriving += delta
             if delta < 0:
