@@ -206,8 +206,10 @@ class V2RestForm(RestForm):
 class GrpcForm(Form):
     """KServe v2 gRPC ModelInfer: a ModelInferRequest's bytes, parsed here (grpc hands them over
     unparsed: grpc_v2.start), inputs as raw or typed contents; answered as a ModelInferResponse's
-    bytes, every output in raw_output_contents. grpc keeps the message until the call is
-    answered: it stays charged (keeps_body)."""
+    bytes, every output in raw_output_contents, serialized here rather than by grpc on the
+    event loop. A large message is parsed in a codec thread (16 MiB of typed contents held the
+    loop, and readiness, for 0.8 s). grpc keeps the message until the call is answered: it
+    stays charged (keeps_body)."""
 
     keeps_body = True
     ready_hint = "ServerReady is true"
