@@ -163,14 +163,14 @@ def per_request(runs: int) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             model = loaded(project(Path(tmp) / "p", modality), Path(tmp))
             raw = request(modality)
-            feeds, _ = model.prepare(dict(raw))
+            feeds, _ = model.preprocess(dict(raw))
             for _ in range(5):
-                model.prepare(dict(raw))
+                model.preprocess(dict(raw))
                 model.run(feeds)
             pre, run = [], []
             for _ in range(runs):
                 t = time.perf_counter()
-                model.prepare(dict(raw))
+                model.preprocess(dict(raw))
                 pre.append(time.perf_counter() - t)
                 t = time.perf_counter()
                 model.run(feeds)
@@ -249,7 +249,7 @@ def images(requests_count: int) -> dict:
             print(modality, out["sizes"][modality], flush=True)
         jpeg = bytes(request("image")["image"][0])
         with tempfile.TemporaryDirectory() as t:
-            tensor = loaded(project(Path(t) / "p", "image"), Path(t)).prepare({"image": np.array([jpeg], object)})[0]
+            tensor = loaded(project(Path(t) / "p", "image"), Path(t)).preprocess({"image": np.array([jpeg], object)})[0]
         x = tensor["input"].astype("<f4")
         header = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": list(x.shape),
                                          "parameters": {"binary_data_size": x.nbytes}}],

@@ -168,7 +168,7 @@ def _command(command: str, args) -> int:
         body = _read_input(args.input)
         _STATE["doing"] = "running the model"
         parsed = model.steps.gpux_form(body) if model.steps else body
-        feeds, _ = model.prepare(decode_predict(parsed, model.inputs, model.overridable, outputs=model.outputs))
+        feeds, _ = model.preprocess(decode_predict(parsed, model.inputs, model.overridable, outputs=model.outputs))
         outputs = _interruptible(once.run, model, feeds)
         print(encode_predict(outputs).decode())
         return 0

@@ -306,7 +306,7 @@ class DataPlane:
         What decoding and preprocessing hold is charged while they work, released after."""
         with Charge(self.budget, len(body)) as charge:
             feeds, request = form.decode(body, headers, charge)
-            feeds, request.extra = self.model.prepare(feeds, charge)
+            feeds, request.extra = self.model.preprocess(feeds, charge)
         return feeds, request, self.budget.request_bytes(feeds, request, form.v2)
 
     async def run(self, feeds: dict[str, Any], names: list[str] | None) -> dict[str, Any]:

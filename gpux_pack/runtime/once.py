@@ -42,7 +42,7 @@ def prepared(model: Model, header: Any, blobs: memoryview) -> tuple[Any, dict[st
     """The request checked as the server checks a v2 infer request, then as the graph takes it
     (text tokenized, images decoded); what /predict answers beside the outputs; the outputs asked for."""
     feeds, request = decode_rest(header, model.inputs, model.outputs, model.overridable, blobs)
-    feeds, extra = model.prepare(feeds)
+    feeds, extra = model.preprocess(feeds)
     return feeds, extra, request.outputs
 
 

@@ -75,7 +75,7 @@ class Text:
             raise RequestError(f"input '{self.input}' and {', '.join(sent)}: send the text or the token inputs, "
                                "not both")
         texts = _texts(self.input, value)
-        if self.batch not in (None, 1) and len(texts) > self.batch:  # 1: run one by one (Model.prepare)
+        if self.batch not in (None, 1) and len(texts) > self.batch:  # 1: run one by one (Model.preprocess)
             raise RequestError(f"input '{self.input}': {len(texts)} texts, but the model takes {self.batch} per run "
                                "(send a JSON array of requests)")
         cap = self.max_length * CHARS_PER_TOKEN
@@ -210,7 +210,7 @@ class Picture:
         if self.feed in feeds:
             raise RequestError(f"input '{self.input}' and '{self.feed}': send the image or the tensor, not both")
         items = _encoded(self.input, value)
-        if self.batch not in (None, 1) and len(items) > self.batch:  # 1: run one by one (Model.prepare)
+        if self.batch not in (None, 1) and len(items) > self.batch:  # 1: run one by one (Model.preprocess)
             raise RequestError(f"input '{self.input}': {len(items)} images, but the model takes {self.batch} per run")
         arrays, boxes = [], []
         for i, data in enumerate(items):
@@ -376,7 +376,7 @@ class Audio:
         if self.feed in feeds:
             raise RequestError(f"input '{self.input}' and '{self.feed}': send the audio or the spectrogram, not both")
         items = _encoded(self.input, value)
-        if self.batch not in (None, 1) and len(items) > self.batch:  # 1: run one by one (Model.prepare)
+        if self.batch not in (None, 1) and len(items) > self.batch:  # 1: run one by one (Model.preprocess)
             raise RequestError(f"input '{self.input}': {len(items)} clips, but the model takes {self.batch} per run")
         mels = []
         for i, data in enumerate(items):
@@ -520,7 +520,7 @@ class Steps:
     @property
     def one_per_run(self) -> set[str]:
         """The graph's inputs a step feeds whose model takes one item per run (a fixed batch of 1):
-        several items in one request are run one by one (Model.prepare)."""
+        several items in one request are run one by one (Model.preprocess)."""
         out = {name for _, name, _ in self.text.feeds} if self.text and self.text.batch == 1 else set()
         return out | {step.feed for step in (self.image, self.audio) if step and step.batch == 1}
 

@@ -183,7 +183,7 @@ class Model:
         model.labels = {t.name: list(t.labels) for t in spec.outputs if t.labels}
         return model
 
-    def prepare(self, feeds: Any, charge: Any = None) -> tuple[Any, dict[str, Any]]:
+    def preprocess(self, feeds: Any, charge: Any = None) -> tuple[Any, dict[str, Any]]:
         """A decoded request (or GPUX's array of them) as the graph takes it, text tokenized and
         images decoded, and what /predict answers beside the outputs (a letterbox's geometry).
         Several texts or images for a model that takes one per run: Items, one run each.
