@@ -259,6 +259,13 @@ class Plan:
         return excludes(self.signature)
 
     @property
+    def one_layer(self) -> bool:
+        """A small model goes in one layer with gpux.json: each layer costs the engine's load
+        about as much as sending ONE_LAYER_BYTES again, so a gpux.yml edit that sends a small
+        model again costs less than a second layer on every build (docs/benchmarks.md)."""
+        return not self.externalize and len(self.model.files) == 1 and self.model.size_bytes <= ONE_LAYER_BYTES
+
+    @property
     def carries_assets(self) -> bool:
         """The image has an assets layer: preprocessing's files, or the model's signature bundle."""
         return bool(self.assets) or self.sign_model is not None
@@ -403,6 +410,7 @@ def make_plan(
     )
 
 
+ONE_LAYER_BYTES = 8 << 20  # a model up to this size shares gpux.json's layer (Plan.one_layer)
 EXTERNALIZE_FROM = 64 << 20  # inline weights from which `pack.weights: auto` moves them (docs/benchmarks.md)
 
 

@@ -83,10 +83,10 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str,
     plan that signs the model needs (image/model_signature.py makes them from this plan's files)."""
     if (plan.sign_model is not None) != bool(signed):
         raise PackError("the model's signature files do not match the plan (--sign-model)")
+    config = _file(LAYERS["config"].lands, data=config_file(plan))
     entries = [
         Entry("Dockerfile", data=dockerfile.encode()),
         Entry(MARKER, data=f"{plan.name} {plan.version} {plan.provider.name}\n".encode()),
-        layer(LAYERS["config"], [_file(LAYERS["config"].lands, data=config_file(plan))]),
     ]
     if installed is not None:
         entries += _runtime_base_entries(installed)
@@ -95,7 +95,10 @@ def model_context(plan: Plan, installed: Installed | None, dockerfile: str,
         files = [_file(f"{lands}/{name}", data=read_tokenizer(plan.signature.text)) for name, _ in plan.assets]
         files += [_file(f"{lands}/{name}", data=data) for name, data in signed]
         entries.append(layer(LAYERS["assets"], sorted(files, key=lambda m: m.name)))
-    entries.append(layer(LAYERS["model"], model_members(plan)))
+    if plan.one_layer:  # a small model: it and gpux.json in one layer
+        entries.append(layer(LAYERS["app"], [*model_members(plan), config]))
+    else:
+        entries += [layer(LAYERS["model"], model_members(plan)), layer(LAYERS["config"], [config])]
     return Context(tuple(sorted(entries, key=lambda e: e.name)))
 
 

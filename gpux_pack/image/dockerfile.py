@@ -20,7 +20,7 @@ from typing import Any
 import jinja2
 
 from gpux_pack import __version__
-from gpux_pack.image.layout import LAYERS, LINKCHECK
+from gpux_pack.image.layout import LAYERS, LINKCHECK, model_layers
 from gpux_pack.plan import PYTHON, ImageConfig, Plan, RuntimeBase
 from gpux_pack.runtime.contract import APP_DIR, SITE
 from gpux_pack.providers import Provider
@@ -179,7 +179,7 @@ def dockerfile(plan: Plan, part: str = "model") -> str:
         host_check=plan.link_check == "host",
         ports=plan.ports,
         labels=plan.labels,
-        assets=plan.carries_assets,
+        model_layers=model_layers(plan.carries_assets, plan.one_layer),
     )
 
 
@@ -200,7 +200,7 @@ def runtime_base_dockerfile(runtime_base: RuntimeBase, tag: str | None = None) -
         host_check=runtime_base.link_check == "host",
         ports=(),
         labels=runtime_base.labels,
-        assets=False,
+        model_layers=(),
     )
 
 

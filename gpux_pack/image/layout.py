@@ -39,6 +39,7 @@ LAYERS: dict[str, Layer] = {
         Layer("assets", f"{APP_DIR}/{ASSETS}"),  # what preprocessing reads (a tokenizer.json), when it is set
         Layer("model", f"{APP_DIR}/model"),  # the model and its external data
         Layer("config", f"{APP_DIR}/gpux.json"),  # gpux.json
+        Layer("app", APP_DIR),  # a small model and gpux.json in one layer (Plan.one_layer): one less to load
         Layer("warm", BAKED_DIR),  # a baked warmup cache (gpux-pack warmup)
     )
 }
@@ -50,6 +51,8 @@ RUNTIME_BASE = ("packages", "runtime", "cache")  # a runtime base image's layers
 MODEL = ("model", "config")  # what a model image adds on its runtime base image
 
 
-def model_layers(assets: bool) -> tuple[str, ...]:
-    """A model image's layers: with preprocessing's files, their layer first (they change less often)."""
-    return ("assets", *MODEL) if assets else MODEL
+def model_layers(assets: bool, one_layer: bool = False) -> tuple[str, ...]:
+    """A model image's layers: with preprocessing's files, their layer first (they change less
+    often); the model, then gpux.json (a gpux.yml edit sends only it), or both in one layer."""
+    own = ("app",) if one_layer else MODEL
+    return ("assets", *own) if assets else own

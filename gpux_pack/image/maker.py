@@ -66,7 +66,7 @@ def runtime_base_recipe(runtime_base: RuntimeBase, context: Context) -> Recipe:
 
 def model_recipe(plan: Plan, context: Context, tagged: bool = True) -> Recipe:
     """A model image on its runtime base image; untagged when a baked warmup will tag it."""
-    layers = model_layers(plan.carries_assets)
+    layers = model_layers(plan.carries_assets, plan.one_layer)
     history = (("EXPOSE " + " ".join(map(str, plan.ports)), True),
                *((LAYERS[name].instruction, False) for name in layers), ("LABEL (the model image's labels)", True))
     return Recipe(tag=plan.tag if tagged else None, shown=plan.tag, parent=plan.runtime_base.tag, context=context,

@@ -41,7 +41,7 @@ def test_model_change_rebuilds_only_the_model_layers(tmp_path, docker_client, ta
     assert first["runtime_base_built"] and first["runtime_base"].startswith("gpux-pack/runtime-cpu:")
     runtime = docker_client.images.get(first["runtime_base"])
     request.addfinalizer(lambda: docker_client.images.remove(first["runtime_base"], force=True))
-    assert layers(docker_client, first["tag"])[:-2] == runtime.attrs["RootFS"]["Layers"]
+    assert layers(docker_client, first["tag"])[:-1] == runtime.attrs["RootFS"]["Layers"]  # the small model: one layer
     assert runtime.attrs["Config"]["Entrypoint"] == ["/usr/bin/python3", "-m", "gpux_runtime"]
     again = build_image(project, tags("layers:b"), "--base-image", base, env=SAME_TIME)
     # unchanged project: the very same image, assembled on the host (nothing ran); only the
@@ -56,8 +56,8 @@ def test_model_change_rebuilds_only_the_model_layers(tmp_path, docker_client, ta
     assert not changed["runtime_base_built"]
     before, after = layers(docker_client, first["tag"]), layers(docker_client, changed["tag"])
     assert len(before) == len(after)
-    assert before[:-2] == after[:-2], "base, packages and runtime layers must be reused"
-    assert before[-2] != after[-2] and before[-1] != after[-1]  # model/, and gpux.json (its sha256)
+    assert before[:-1] == after[:-1], "base, packages and runtime layers must be reused"
+    assert before[-1] != after[-1]  # model/ and gpux.json (its sha256), in one layer for a small model
     assert changed["assembled"]
     labels = docker_client.images.get(changed["tag"]).labels
     assert labels["io.gpux.model.sha256"] != docker_client.images.get(first["tag"]).labels["io.gpux.model.sha256"]
@@ -130,8 +130,9 @@ def test_history_lines_carry_their_layers_sizes(mlp_image, docker_client):
     for ref in (mlp_image["runtime_base"], mlp_image["tag"]):
         assert_history_matches_layers(docker_client, ref)
     shown = {h["CreatedBy"].rsplit(": ", 1)[-1]: h["Size"] for h in docker_client.api.history(mlp_image["tag"])}
-    assert shown["ADD cache.tar /"] == 0 and shown["ADD model.tar /"] == (EXAMPLES / "mlp" / "model.onnx").stat().st_size
-    assert shown["ADD config.tar /"] > 0 and shown["ADD packages.tar /"] > 50_000_000
+    # the small model and gpux.json share one layer (plan.one_layer)
+    assert shown["ADD cache.tar /"] == 0 and shown["ADD app.tar /"] > (EXAMPLES / "mlp" / "model.onnx").stat().st_size
+    assert "ADD model.tar /" not in shown and shown["ADD packages.tar /"] > 50_000_000
 
 
 HTTP_ERRORS = [
@@ -253,7 +254,7 @@ def test_the_engines_builder_makes_the_same_layers(tmp_path, docker_client, tags
                         env={**SAME_TIME, "GPUX_PACK_ASSEMBLE": "0"})
     request.addfinalizer(lambda: docker_client.images.remove(built["runtime_base"], force=True))
     assert assembled["assembled"] and not built["assembled"] and built["runtime_base_built"]
-    assert built["steps"] == 5  # FROM, EXPOSE, ADD model.tar, ADD config.tar, LABEL
+    assert built["steps"] == 4  # FROM, EXPOSE, ADD app.tar (the small model and gpux.json), LABEL
     assert layers(docker_client, built["tag"]) == layers(docker_client, assembled["tag"])
     runtime = docker_client.images.get(built["runtime_base"]).history()
     assert all("#(nop)" in h["CreatedBy"] for h in runtime[: 9]), [h["CreatedBy"] for h in runtime[:9]]

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from gpux_pack.image import layer_tar
-from gpux_pack.image.layout import LAYERS, MODEL, RUNTIME_BASE
+from gpux_pack.image.layout import LAYERS, RUNTIME_BASE, model_layers
 from tests.conftest import BASE_IMAGE, RUN_ID, build_image, copy_example, run_cli
 
 pytestmark = pytest.mark.e2e
 
 DOCKER = "/usr/bin/docker"  # Debian's docker.io CLI: BuildKit with DOCKER_BUILDKIT=1 (the 28.x one lacks buildx)
 SAME_TIME = {"SOURCE_DATE_EPOCH": "1767225600"}  # one creation label for the render and the build
+MODEL_LAYERS = model_layers(assets=False, one_layer=True)  # examples/mlp: a small model shares gpux.json's layer
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Rendered:
     context: Path  # what `render --output` wrote
     tag: str  # gpux-pack build's image of the same project, on the same base
     base: list[str]  # the base image's diff ids
-    ours: list[str]  # the diff ids gpux-pack build added: packages, runtime, cache, model, gpux.json
+    ours: list[str]  # the diff ids gpux-pack build added: packages, runtime, cache, the small model with gpux.json
     uname: bytes  # the owner name this engine writes for root ("root" up to Docker 20.10, "" later)
 
 
@@ -47,7 +48,7 @@ def context_layers(context: Path, uname: bytes) -> list[str]:
     """The diff ids of the layers the rendered Dockerfile ADDs, as gpux-pack's tar writer writes
     each context tar's members with this owner name for root."""
     out = []
-    for layer in (LAYERS[name] for name in (*RUNTIME_BASE, *MODEL)):
+    for layer in (LAYERS[name] for name in (*RUNTIME_BASE, *MODEL_LAYERS)):
         members = []
         with tarfile.open(context / layer.source) as archive:
             for info in archive:
@@ -74,7 +75,7 @@ def rendered(tmp_path_factory, docker_client, tags) -> Rendered:
     ours = layers[len(base) :]
     # the context's tars are gpux-pack's layers, written with an empty owner name: each tar's
     # sha256 is the diff id of the layer gpux-pack writes for an engine that writes them so
-    files = ["sha256:" + hashlib.sha256((context / LAYERS[n].source).read_bytes()).hexdigest() for n in (*RUNTIME_BASE, *MODEL)]
+    files = ["sha256:" + hashlib.sha256((context / LAYERS[n].source).read_bytes()).hexdigest() for n in (*RUNTIME_BASE, *MODEL_LAYERS)]
     assert files == context_layers(context, b"")
     uname = next(u for u in (b"root", b"") if context_layers(context, u) == ours)  # this engine's
     return Rendered(project, context, built["tag"], base, ours, uname)

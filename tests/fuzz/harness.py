@@ -70,6 +70,7 @@ class Rendered:
     pack_base_image: bool  # pack.base_image is set: render again without --base-image
     model_path: Path  # the model file the context packages
     context_files: tuple[str, ...]  # every file of the build context, a layer tar's as model.tar/opt/...
+    model_adds: tuple[str, ...] = ()  # the ADD values of the model's own layers, as the plan lays them out
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,6 +94,7 @@ def render_project(project: Path, override_base: bool = True) -> Rendered:
     from gpux_pack.pipeline.build import load, plan_for
     from gpux_pack.image.context import model_context
     from gpux_pack.image.dockerfile import dockerfile
+    from gpux_pack.image.layout import LAYERS, model_layers
     from gpux_pack.plan import Options
     from tests.locks import with_lock
     from gpux_pack.ui import Reporter
@@ -117,7 +119,9 @@ def render_project(project: Path, override_base: bool = True) -> Rendered:
     return Rendered(text, plan.base.image, cfg.serving.port, expected, dict(cfg.pack.labels), bool(cfg.pack.base_image),
                     Path(plan.model.path),
                     tuple(e.name if e.members is None else f"{e.name}/{m.name}" for e in context.entries
-                          for m in (e.members or (None,)) if m is None or not m.is_dir))
+                          for m in (e.members or (None,)) if m is None or not m.is_dir),
+                    tuple(LAYERS[name].instruction.split(" ", 1)[1]
+                          for name in model_layers(plan.carries_assets, plan.one_layer)))
 
 
 class Hang(BaseException):
@@ -468,6 +472,16 @@ class Baseline:
     instructions: list[str]
     values: list[str]
     label_keys: frozenset[str]
+    model_adds: tuple[str, ...] = ()
+
+    def laid_out(self, adds: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """The instructions and values a Dockerfile whose model layers are `adds` must have: the
+        baseline's with its own model ADDs replaced (a small model shares gpux.json's layer)."""
+        at = next(i for i, (ins, value) in enumerate(zip(self.instructions, self.values))
+                  if ins == "ADD" and value == self.model_adds[0])
+        end = at + len(self.model_adds)
+        return ([*self.instructions[:at], *["ADD"] * len(adds), *self.instructions[end:]],
+                [*self.values[:at], *adds, *self.values[end:]])
 
 
 @functools.lru_cache(maxsize=1)
@@ -478,7 +492,7 @@ def baseline() -> Baseline:
     label = parsed.values[parsed.instructions.index("LABEL")]
     pairs, problems = docker_labels(label)
     assert not problems, problems
-    return Baseline(parsed.instructions, parsed.values, frozenset(k for k, _ in pairs))
+    return Baseline(parsed.instructions, parsed.values, frozenset(k for k, _ in pairs), rendered.model_adds)
 
 
 _SAME_VALUE = {"ENV", "COPY", "USER", "WORKDIR", "HEALTHCHECK", "ENTRYPOINT", "CMD"}
@@ -491,13 +505,14 @@ def dockerfile_problems(r: Rendered, base: Baseline, view_label: str = "") -> li
         p = parse_dockerfile(r.dockerfile, unicode_lines)
         if _DIRECTIVE.match(p.first_line):
             problems.append(Problem("parser directive", f"{view}: first line is a directive", p.first_line[:200]))
-        if p.instructions != base.instructions:
-            problems.append(Problem("injected instruction", f"{view}: {_diff(base.instructions, p.instructions)}",
+        instructions, values = base.laid_out(r.model_adds)
+        if p.instructions != instructions:
+            problems.append(Problem("injected instruction", f"{view}: {_diff(instructions, p.instructions)}",
                                     _offending(r.dockerfile, unicode_lines)))
             continue
         if unicode_lines:
             continue
-        for ins, value, expected in zip(p.instructions, p.values, base.values):
+        for ins, value, expected in zip(p.instructions, p.values, values):
             if ins in ("HEALTHCHECK", "ENTRYPOINT"):  # the base's interpreter, by its absolute path
                 value, expected = (re.sub(r'"/usr(?:/local)?/bin/python3"', '"python3"', v) for v in (value, expected))
             if ins in _SAME_VALUE and value != expected:
@@ -1275,8 +1290,10 @@ def context_problems(r: Rendered) -> list[Problem]:
     """The build context carries the model and every external data file it names."""
     from gpux_pack.image.layout import LAYERS
 
-    MODEL = LAYERS["model"].source + LAYERS["model"].lands
     names = set(r.context_files)
+    # a small model lies in the layer it shares with gpux.json (app.tar), a larger one in model.tar
+    MODEL = next((layer.source + LAYERS["model"].lands for layer in (LAYERS["app"], LAYERS["model"])
+                  if any(n.startswith(layer.source + "/") for n in names)), LAYERS["model"].source)
     problems = []
     if f"{MODEL}/{r.model_path.name}" not in names:
         problems.append(Problem("context", "the model file is not in the build context", r.model_path.name))

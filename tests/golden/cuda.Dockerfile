@@ -26,8 +26,7 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
 ENTRYPOINT ["/usr/local/bin/python3", "-m", "gpux_runtime"]
 CMD ["serve"]
 EXPOSE 8080
-ADD model.tar /
-ADD config.tar /
+ADD app.tar /
 LABEL org.opencontainers.image.title="iris-mlp" \
       org.opencontainers.image.version="1.0.0" \
       org.opencontainers.image.created="2026-01-01T00:00:00Z" \

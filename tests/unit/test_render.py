@@ -16,6 +16,7 @@ from gpux_pack.pipeline import build
 from gpux_pack.image import context
 from gpux_pack.image import dockerfile as render
 from gpux_pack.image.layout import LAYERS, LINKCHECK
+from gpux_pack import plan as plan_module
 from gpux_pack.plan import Options, plan_runtime_base
 from tests.locks import with_lock
 from gpux_pack.ui import Reporter
@@ -85,7 +86,7 @@ def test_model_images_match_golden_files_and_pass_hadolint(variant, tmp_path, mo
     check_golden(f"{variant}.Dockerfile", text)
     assert text.count("\nFROM ") == 1 and f"\nFROM {plan.base.image}\n" in text  # one stage
     copies = [line for line in text.splitlines() if line.startswith(("COPY ", "ADD "))]
-    assert copies == ["ADD packages.tar /", "ADD runtime.tar /", "ADD cache.tar /", "ADD model.tar /", "ADD config.tar /"]
+    assert copies == ["ADD packages.tar /", "ADD runtime.tar /", "ADD cache.tar /", "ADD app.tar /"]  # a small model
     runs = [line for line in text.splitlines() if line.startswith("RUN ")]
     if plan.base.apt_packages():  # apt where the base lacks python3 (vendor CUDA) or a system library
         assert runs[0].startswith("RUN apt-get update") and ("linkcheck.py" in text) == (plan.link_check == "image")
@@ -120,14 +121,20 @@ def test_runtime_base_dockerfiles_are_current(provider):
     assert "model.tar" not in text and "EXPOSE" not in text and "ADD packages.tar /" in text
 
 
-def test_model_on_runtime_base_sends_only_the_model():
+def test_model_on_runtime_base_sends_only_the_model(monkeypatch):
     plan = plan_for("cpu")
     text = render.dockerfile(plan, "model")
     assert_clean(text)
     assert plan.runtime_base.tag.startswith("gpux-pack/runtime-cpu:1.32.0-")
     assert text.count("FROM ") == 1 and f"FROM {plan.runtime_base.tag}" in text
     copies = [line for line in text.splitlines() if line.startswith(("COPY ", "ADD "))]
-    assert copies == ["ADD model.tar /", "ADD config.tar /"] and "\nRUN " not in text
+    # a small model shares gpux.json's layer: one layer for the engine to load
+    assert plan.one_layer and copies == ["ADD app.tar /"] and "\nRUN " not in text
+    # a larger one keeps its own layer under gpux.json's, so a gpux.yml edit sends gpux.json only
+    monkeypatch.setattr(plan_module, "ONE_LAYER_BYTES", plan.model.size_bytes - 1)
+    text = render.dockerfile(plan, "model")
+    copies = [line for line in text.splitlines() if line.startswith(("COPY ", "ADD "))]
+    assert not plan.one_layer and copies == ["ADD model.tar /", "ADD config.tar /"]
     # entrypoint, user and healthcheck come from the runtime base image
     assert "ENTRYPOINT" not in text and "EXPOSE 8080" in text and "LABEL " in text
 
@@ -203,11 +210,10 @@ def test_context_is_deterministic(tmp_path):
     assert first == second
     with tarfile.open(fileobj=io.BytesIO(first)) as t:
         names = [m.name for m in t.getmembers()]
-        assert names == [".gpux-context", "Dockerfile", "cache.tar", "config.tar", "model.tar", "packages.tar",
-                         "runtime.tar"]
+        assert names == [".gpux-context", "Dockerfile", "app.tar", "cache.tar", "packages.tar", "runtime.tar"]
         assert {m.mtime for m in t.getmembers()} == {context.MTIME} and {m.uid for m in t.getmembers()} == {0}
         packages = tarfile.open(fileobj=t.extractfile("packages.tar"))
-        model = tarfile.open(fileobj=t.extractfile("model.tar"))
+        model = tarfile.open(fileobj=t.extractfile("app.tar"))
         runtime = tarfile.open(fileobj=t.extractfile("runtime.tar"))
         # each layer's tar: every folder above its files, all with fixed metadata (same diff ids everywhere)
         site = LAYERS["packages"].lands.strip("/")
@@ -217,6 +223,7 @@ def test_context_is_deterministic(tmp_path):
         assert got[f"{site}/numpy/__init__.py"].mode & 0o7777 == 0o644
         assert {m.mtime for m in got.values()} == {context.MTIME} and {m.uid for m in got.values()} == {0}
         assert f"{LAYERS['model'].lands.strip('/')}/model.onnx" in model.getnames()
+        assert LAYERS["config"].lands.strip("/") in model.getnames()  # gpux.json beside the small model
         assert f"{LAYERS['runtime'].lands.strip('/')}/server.py" in runtime.getnames()
         # the link check script an image-side check runs: beside gpux_runtime, not in it
         assert LINKCHECK == "/opt/gpux/runtime/linkcheck.py" and LINKCHECK.strip("/") in runtime.getnames()
@@ -236,10 +243,10 @@ def test_write_refuses_foreign_folders(tmp_path):
     context.write(ctx, fresh)
     context.write(ctx, fresh)  # an earlier render is replaced
     assert (fresh / "Dockerfile").read_text() == "FROM x\n"
-    assert (fresh / "model.tar").stat().st_mtime == context.MTIME
-    with tarfile.open(fresh / "model.tar") as t:
+    assert (fresh / "app.tar").stat().st_mtime == context.MTIME
+    with tarfile.open(fresh / "app.tar") as t:
         model = LAYERS["model"].lands.strip("/")
-        assert t.getnames() == ["opt", "opt/gpux", model, f"{model}/model.onnx"]
+        assert t.getnames() == ["opt", "opt/gpux", "opt/gpux/gpux.json", model, f"{model}/model.onnx"]
 
 
 def test_write_refuses_a_symbolic_link_or_a_file_in_one_line(tmp_path):
