@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpux_pack import providers
@@ -113,13 +113,13 @@ def stage(path: Path, flag: str | None, folder: Path, ui: Reporter) -> Staged:
                           resolve=pinned(Pin(row.ort, version, frozenset())))
     spec = plan.gpux_json
     # absolute: the runtime joins it to gpux.json's folder
-    spec = replace(spec, model=replace(spec.model, path=str(loaded.model.path)))
+    spec = spec._replace(model=spec.model._replace(path=str(loaded.model.path)))
     text = loaded.signature.text
     if text is not None and spec.preprocessing and spec.preprocessing.text:
         # the tokenizer.json where it is (downloaded first when nothing here has it)
         text = text if text.tokenizer.path is not None else download(text)
         steps = spec.preprocessing
-        spec = replace(spec, preprocessing=replace(steps, text=replace(steps.text, file=str(text.tokenizer.path))))
+        spec = spec._replace(preprocessing=steps._replace(text=steps.text._replace(file=str(text.tokenizer.path))))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "gpux.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True, allow_nan=False))
     model_dir = loaded.model.path.parent

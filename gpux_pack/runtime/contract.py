@@ -13,16 +13,15 @@ the runtime builds on it.
 Standard library only: the runtime's settings read it before anything heavy, and the packager
 imports it without the runtime's libraries."""
 
-from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 import types
 import typing
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Union
+from types import MappingProxyType
+from typing import Any, BinaryIO, Literal, NamedTuple, Union
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,8 +207,7 @@ class ContractError(ValueError):
     """gpux.json does not hold what this runtime reads: one line naming the field."""
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(NamedTuple):
     """An input or output as served: gpux.yml's declaration merged with the graph's."""
 
     name: str
@@ -237,8 +235,7 @@ class Tensor:
         return out
 
 
-@dataclass(frozen=True)
-class WorkingMemory:
+class WorkingMemory(NamedTuple):
     """One term of the graph's intermediate tensors' peak: bytes per product of these request
     dimensions ((input, axis), ...)."""
 
@@ -246,8 +243,7 @@ class WorkingMemory:
     bytes: int
 
 
-@dataclass(frozen=True)
-class ModelFiles:
+class ModelFiles(NamedTuple):
     path: str  # the model file, from the app folder
     file: str
     files: tuple[str, ...]  # in the image: the model and its external data, if any
@@ -259,15 +255,13 @@ class ModelFiles:
     working_memory: tuple[WorkingMemory, ...] = ()
 
 
-@dataclass(frozen=True)
-class Feed:
+class Feed(NamedTuple):
     role: str  # input_ids, attention_mask, token_type_ids
     name: str  # the graph's input
     type: str
 
 
-@dataclass(frozen=True)
-class TextStep:
+class TextStep(NamedTuple):
     input: str  # the request's string input
     file: str  # the tokenizer.json, from the app folder
     max_length: int
@@ -278,8 +272,7 @@ class TextStep:
     feeds: tuple[Feed, ...]
 
 
-@dataclass(frozen=True)
-class ImageStep:
+class ImageStep(NamedTuple):
     input: str  # the request's input that carries the encoded image
     feed: str  # the graph's input it becomes
     type: str
@@ -295,8 +288,7 @@ class ImageStep:
     batch: int | None
 
 
-@dataclass(frozen=True)
-class AudioStep:
+class AudioStep(NamedTuple):
     input: str
     feed: str
     type: str
@@ -309,8 +301,7 @@ class AudioStep:
     batch: int | None
 
 
-@dataclass(frozen=True)
-class Preprocessing:
+class Preprocessing(NamedTuple):
     """What the image does to a request before the graph sees it, by modality."""
 
     text: TextStep | None = None
@@ -324,8 +315,7 @@ class Preprocessing:
         return frozenset(text | {step.feed for step in (self.image, self.audio) if step})
 
 
-@dataclass(frozen=True)
-class ModelSignature:
+class ModelSignature(NamedTuple):
     """OpenSSF model signing: the bundle and its public key under assets/."""
 
     bundle: str
@@ -333,8 +323,7 @@ class ModelSignature:
     verify: bool  # before loading, unless GPUX_VERIFY_MODEL says otherwise
 
 
-@dataclass(frozen=True)
-class Plugin:
+class Plugin(NamedTuple):
     """A plugin EP: the module whose library the runtime registers, and the device it asks for."""
 
     ep: str
@@ -342,8 +331,7 @@ class Plugin:
     device: str
 
 
-@dataclass(frozen=True)
-class Libraries:
+class Libraries(NamedTuple):
     """The provider's libraries, to say why it did not start."""
 
     libs: tuple[str, ...] = ()
@@ -352,8 +340,7 @@ class Libraries:
     driver: tuple[str, ...] = ()  # the GPU driver's, which the container toolkit mounts
 
 
-@dataclass(frozen=True)
-class Profile:
+class Profile(NamedTuple):
     """A TensorRT optimization profile's shapes for one input."""
 
     min: tuple[int, ...]
@@ -361,29 +348,25 @@ class Profile:
     max: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Accuracy:
+class Accuracy(NamedTuple):
     """Warmup's limits: |a - b| <= atol + rtol * |b| against the CPU provider."""
 
     atol: float
     rtol: float
 
 
-@dataclass(frozen=True)
-class RuntimeOptions:
+class RuntimeOptions(NamedTuple):
     timeout: float
     batch_size: int
     enable_profiling: bool
 
 
-@dataclass(frozen=True)
-class Batching:
+class Batching(NamedTuple):
     max_batch_size: int
     max_delay_ms: float
 
 
-@dataclass(frozen=True)
-class Serving:
+class Serving(NamedTuple):
     port: int
     host: str
     max_workers: int
@@ -392,8 +375,7 @@ class Serving:
     grpc_port: int | None = None
 
 
-@dataclass(frozen=True)
-class GpuxJson:
+class GpuxJson(NamedTuple):
     """Everything the image's runtime needs, so it never reads YAML."""
 
     name: str  # the name KServe v2 URLs use
@@ -412,17 +394,17 @@ class GpuxJson:
     overridable_inputs: tuple[Tensor, ...] = ()  # initializers the graph lists as inputs: accepted, not listed
     preprocessing: Preprocessing | None = None
     model_signature: ModelSignature | None = None
-    provider_names: dict[str, str] = field(default_factory=lambda: {"cpu": "CPUExecutionProvider"})  # GPUX_PROVIDERS
+    provider_names: Mapping[str, str] = MappingProxyType({"cpu": "CPUExecutionProvider"})  # GPUX_PROVIDERS
     cpu_providers: tuple[str, ...] = ("CPUExecutionProvider",)  # the EPs that run on the CPU's cores
     plugin: Plugin | None = None
     ep_context: bool = False  # compile into an EP context model (caches.py)
     libraries: Libraries = Libraries()
     run_flags: str | None = None  # what `docker run` needs for the provider's device
-    warmup_profiles: dict[str, Profile] = field(default_factory=dict)
+    warmup_profiles: Mapping[str, Profile] = MappingProxyType({})
     accuracy: Accuracy | None = None
     runtime: RuntimeOptions = RuntimeOptions(30.0, 1, False)
     serving: Serving = Serving(8080, "0.0.0.0", 4, 30.0)
-    metadata: dict[str, Any] = field(default_factory=dict)  # gpux.yml's, JSON values
+    metadata: Mapping[str, Any] = MappingProxyType({})  # gpux.yml's, JSON values
     format: int = FORMAT
 
     def to_json(self) -> dict[str, Any]:
@@ -445,13 +427,19 @@ def parse(data: Any) -> GpuxJson:
 
 def dump(value: Any) -> Any:
     """A contract value as JSON values (tuples as lists, every field written)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: dump(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if _is_record(type(value)):
+        return {name: dump(v) for name, v in zip(value._fields, value)}
     if isinstance(value, (tuple, list)):
         return [dump(v) for v in value]
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: dump(v) for k, v in value.items()}
     return value
+
+
+def _is_record(kind: Any) -> bool:
+    """One of gpux.json's records (typed named tuples: immutable, and made at import in a
+    quarter of a frozen dataclass's time, which every start and CLI command pays)."""
+    return isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields")
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -470,18 +458,17 @@ def _value(kind: Any, value: Any, where: str) -> Any:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if kind is Any:
         return value
-    if dataclasses.is_dataclass(kind):
+    if _is_record(kind):
         if not isinstance(value, dict):
             raise _wrong(where, "an object", value)
-        fields = {f.name: f for f in dataclasses.fields(kind)}
-        unknown = sorted(set(value) - set(fields))
+        unknown = sorted(set(value) - set(kind._fields))
         if unknown:
             raise ContractError(f"{_at(where, unknown[0])}: not a field this runtime reads")
         hints, out = _hints(kind), {}
-        for name, f in fields.items():
+        for name in kind._fields:
             if name in value:
                 out[name] = _value(hints[name], value[name], _at(where, name))
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            elif name not in kind._field_defaults:
                 raise ContractError(f"{_at(where, name)}: missing")
         return kind(**out)
     if origin in (Union, types.UnionType):
@@ -503,7 +490,7 @@ def _value(kind: Any, value: Any, where: str) -> Any:
         if len(value) != len(args):
             raise _wrong(where, f"a list of {len(args)}", value)
         return tuple(_value(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if origin is dict:
+    if origin in (dict, Mapping):
         if not isinstance(value, dict):
             raise _wrong(where, "an object", value)
         return {k: _value(args[1], v, _at(where, k)) for k, v in value.items()}
@@ -536,7 +523,7 @@ def _at(where: str, name: str) -> str:
 
 def _name(kind: Any) -> str:
     return {int: "a whole number", float: "a number", str: "a string", bool: "true or false",
-            type(None): "null"}.get(kind, "an object" if dataclasses.is_dataclass(kind) else "a list")
+            type(None): "null"}.get(kind, "an object" if _is_record(kind) else "a list")
 
 
 def _shown(value: Any) -> str:
@@ -560,17 +547,15 @@ def _schema(kind: Any, defs: dict[str, Any]) -> dict[str, Any]:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if kind is Any:
         return {}
-    if dataclasses.is_dataclass(kind):
+    if _is_record(kind):
         name = kind.__name__
         if name not in defs:
             defs[name] = {}  # a placeholder while its fields are walked
             hints = _hints(kind)
-            fields = dataclasses.fields(kind)
             body: dict[str, Any] = {
                 "type": "object", "additionalProperties": False,
-                "properties": {f.name: _schema(hints[f.name], defs) for f in fields},
-                "required": [f.name for f in fields
-                             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING],
+                "properties": {field: _schema(hints[field], defs) for field in kind._fields},
+                "required": [field for field in kind._fields if field not in kind._field_defaults],
             }
             if kind is GpuxJson:
                 body["properties"]["format"] = {"const": FORMAT}
@@ -586,7 +571,7 @@ def _schema(kind: Any, defs: dict[str, Any]) -> dict[str, Any]:
             return {"type": "array", "items": _schema(args[0], defs)}
         return {"type": "array", "prefixItems": [_schema(a, defs) for a in args], "minItems": len(args),
                 "maxItems": len(args)}
-    if origin is dict:
+    if origin in (dict, Mapping):
         return {"type": "object", "additionalProperties": _schema(args[1], defs)}
     return {type(None): {"type": "null"}, bool: {"type": "boolean"}, int: {"type": "integer"},
             float: {"type": "number"}, str: {"type": "string"}}[kind]

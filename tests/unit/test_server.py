@@ -4,7 +4,6 @@ binary and .npy bodies, limits. The same code runs in the containers (tests/e2e)
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import onnxruntime as ort
@@ -136,7 +135,7 @@ def test_deep_json_is_400_and_the_server_goes_on(mlp):
 def test_info_never_500s_on_odd_metadata(mlp):
     odd = {"nan": float("nan"), "inf": float("-inf"), "np": np.float32(1.5),
                                       "set": {1}, "bytes": b"ab", "ok": [1, "a", None]}
-    mlp.app.model.settings.spec = replace(mlp.app.model.spec, metadata=odd)
+    mlp.app.model.settings.spec = mlp.app.model.spec._replace(metadata=odd)
     status, info, _ = mlp.request("GET", "/info")
     assert status == 200
     assert info["metadata"] == {"nan": None, "inf": None, "np": 1.5, "set": "{1}", "bytes": "ab", "ok": [1, "a", None]}
