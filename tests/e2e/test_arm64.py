@@ -81,7 +81,7 @@ def test_arm64_image_is_arm64_and_ran_nothing(arm64_image, docker_client, arm64_
     # #(nop) instructions only); no RUN
     base_steps = len(docker_client.images.get(arm64_base).history())
     ours = [h["CreatedBy"] for h in image.history()][: -base_steps]
-    assert arm64_image["assembled"] and len(ours) == 13, ours  # 9 runtime + 4 model lines (no WORKDIR)
+    assert arm64_image["assembled"] and len(ours) == 12, ours  # 9 runtime + 3 model lines (no WORKDIR; one ADD: app.tar)
     assert all(step.startswith("gpux-pack (assembled, nothing ran): ") for step in ours), ours
     assert not any("RUN" in step for step in ours)
 
