@@ -8,6 +8,9 @@ def run() -> None:
     # ONNX Runtime loads in this process for `serve`'s provider check and `predict PATH`: no
     # telemetry from it either (see gpux_pack/runtime/__main__.py)
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    # pydantic looks for plugins in every installed distribution's entry points at its first
+    # model (4 ms with 150 packages): gpux-pack's models want none
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     if sys.argv[1:] == ["--version"]:
         from gpux_pack import __version__
 

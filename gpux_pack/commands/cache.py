@@ -30,6 +30,7 @@ KINDS = {
     "sboms": "SBOMs' base and lock parts, reused by the next build on them",
     "models": "what a model's checks found, by what they read (a retrained model is not checked again)",
     "rebuild": "what a weights-only rebuild replays",
+    "templates": "the Dockerfile template, compiled",
 }
 
 

@@ -14,11 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
-
 from gpux_pack.errors import UsageError
 from gpux_pack.plan import Plan
-from gpux_pack.keys import load_private_key, password
 from gpux_pack.image.context import answer_files
 from gpux_pack.runtime.contract import APP_DIR, MODEL_PUBLIC_KEY, MODEL_SIGNATURE, UNSIGNED
 
@@ -26,6 +23,12 @@ from gpux_pack.runtime.contract import APP_DIR, MODEL_PUBLIC_KEY, MODEL_SIGNATUR
 def sign(plan: Plan, key_path: Path) -> tuple[tuple[str, bytes], ...]:
     """(name, bytes) of the bundle and the public key, for the files that decide the answers
     exactly as the image holds them (a folder laid out as /opt/gpux: links, copies, or bytes)."""
+    # here, not at the top: every build imports this module, and only --sign-model needs
+    # cryptography (9 ms of a 0.4 s rebuild)
+    from cryptography.hazmat.primitives import serialization
+
+    from gpux_pack.keys import load_private_key, password
+
     try:
         from model_signing import hashing, signing
     except ImportError as e:

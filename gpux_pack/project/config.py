@@ -10,7 +10,6 @@ business (a warning each, or a refusal with --strict)."""
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import ipaddress
 import re
@@ -18,7 +17,6 @@ import string
 import unicodedata
 from typing import Annotated, Any, Literal, Union
 
-from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
     AfterValidator,
     BeforeValidator,
@@ -534,6 +532,10 @@ class PackSection(_Section):
     @field_validator("requirements")
     @classmethod
     def _pep508(cls, v: list[str]) -> list[str]:
+        # packaging's requirement parser is 14 ms of import: only gpux.yml files that list
+        # requirements pay it, not every build
+        from packaging.requirements import InvalidRequirement, Requirement
+
         for item in v:
             try:
                 Requirement(item)
@@ -589,5 +591,7 @@ def json_schema() -> dict[str, Any]:
 
 
 def hint(word: str, choices: Any) -> str:
+    import difflib  # only a mistake pays for it
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
