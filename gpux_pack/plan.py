@@ -25,6 +25,7 @@ from gpux_pack import __version__, sources
 from gpux_pack.errors import ModelError, UsageError
 from gpux_pack.project.config import TensorSpec, model_name, tag_template_parts
 from gpux_pack.project.load import Project
+from gpux_pack.optimize import Decision, Optimized, decide
 from gpux_pack.project.model import ModelInfo, Signature
 from gpux_pack.project.preprocess import TOKENIZER_FILE
 from gpux_pack.providers import (CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, Devices, HostInfo, Provider, base_for,
@@ -120,6 +121,7 @@ class Options:
     host: HostInfo | None = None  # the Docker host's devices, when known: a baked warmup needs the accelerator
     multi_platform: bool = False  # one of several platforms joined by an index under the tag
     sign_model: Path | None = None  # build --sign-model KEY: the model files signed (OpenSSF model signing)
+    optimize: tuple[str, ...] | None = None  # build --optimize: replaces pack.optimize's steps (() none)
 
 
 def options(tag: str | None, base_image: str | None, platform: str | None, warmup: str | None) -> Options:
@@ -224,6 +226,7 @@ class Plan:
     lock: Lock | None = None  # the wheels resolved for target; None: planned without resolving them (see Resolve)
     externalize: bool = False  # the image keeps the model's large inline weights in a data file: see externalize
     sign_model: Path | None = None  # the key that signs the model files at build (the image then carries the bundle)
+    optimized: Optimized | None = None  # pack.optimize: what was done to the model (model is the result)
 
     @property
     def model_files(self) -> tuple[str, ...]:
@@ -368,10 +371,12 @@ def make_plan(
     base: BaseImage,
     options: Options,
     resolve: Resolve | None = None,
+    optimized: Optimized | None = None,
 ) -> Plan:
     """A model image's plan, made once from what was gathered (the project, the model, the base
-    image's facts) and, with resolve, the wheels it locks (without: the table's onnxruntime,
-    "unknown" in labels and gpux.json; `plan --offline` and tests)."""
+    image's facts, what pack.optimize made of the model: then model is its result) and, with
+    resolve, the wheels it locks (without: the table's onnxruntime, "unknown" in labels and
+    gpux.json; `plan --offline` and tests)."""
     cfg = project.config
     check_model_for(model, provider)
     if cfg.pack.python and base.probed and cfg.pack.python != base.python:
@@ -407,7 +412,15 @@ def make_plan(
         lock=lock,
         externalize=externalize(cfg.pack.weights, model),
         sign_model=options.sign_model,
+        optimized=optimized,
     )
+
+
+def optimization(project: Project, provider: Provider, options: Options) -> Decision:
+    """What pack.optimize (or build --optimize) does to the model for this provider's image."""
+    settings = project.config.pack.optimize
+    steps = options.optimize if options.optimize is not None else tuple(settings.steps)
+    return decide(steps, provider, settings.samples is not None)
 
 
 ONE_LAYER_BYTES = 8 << 20  # a model up to this size shares gpux.json's layer (Plan.one_layer)
@@ -618,6 +631,11 @@ def labels(plan: Plan) -> dict[str, str]:
         "io.gpux.port": str(plan.port),
         **({"io.gpux.grpc_port": str(cfg.serving.grpc_port)} if cfg.serving.grpc_port else {}),
     }
+    if plan.optimized is not None:  # what the image's model is, against the model given
+        done = plan.optimized
+        out["io.gpux.optimize"] = ",".join(f"{s.mode}:{s.how}" for s in done.steps)
+        out["io.gpux.optimize.errors"] = json.dumps(dict(done.errors), separators=(",", ":"))
+        out["io.gpux.model.original.sha256"] = done.original_sha256
     for key, value in cfg.pack.labels.items():
         out.setdefault(key, value)  # user labels never override the contract's
     return {key: label_value(value) for key, value in out.items()}

@@ -25,8 +25,8 @@ except ImportError:  # pragma: no cover - older typer on real click
 
 from gpux_pack import __version__, engine
 from gpux_pack.cli import flags, printing
-from gpux_pack.cli.flags import (BaseOpt, ContainedOpt, JsonOpt, PathArg, PlatformOpt, ProviderOpt, PullOpt, QuietOpt,
-                                 RefreshOpt, StrictOpt, WarmupOpt)
+from gpux_pack.cli.flags import (BaseOpt, ContainedOpt, JsonOpt, OptimizeOpt, PathArg, PlatformOpt, ProviderOpt,
+                                 PullOpt, QuietOpt, RefreshOpt, StrictOpt, WarmupOpt)
 from gpux_pack.cli.maintenance import base_app, cache_app
 from gpux_pack.errors import PackError
 from gpux_pack.ui import Reporter, printable
@@ -84,6 +84,7 @@ def build_cmd(
                                               "before loading (pack.verify_model, GPUX_VERIFY_MODEL=1)."),
     contained: bool = ContainedOpt,
     strict: bool = StrictOpt,
+    optimize: Optional[str] = OptimizeOpt,
 ) -> None:
     """Build the model's image(s) through the Docker engine."""
     from gpux_pack.commands import build
@@ -91,11 +92,12 @@ def build_cmd(
     request = build_request(dict(path=path, provider=provider, tag=tag, base_image=base_image, platform=platform,
                                  warmup=warmup, no_cache=no_cache, quiet=quiet, json_out=json_out, refresh=refresh,
                                  push_=push_, sbom=sbom, sign_key=sign_key, sign_model=sign_model,
-                                 contained=contained, strict=strict))
+                                 contained=contained, strict=strict, optimize=optimize))
 
     ui = Reporter(quiet=quiet)  # logs go to stderr in every mode; --json owns stdout
     platforms, bases = build.platforms(platform, base_image, push_)
-    options = replace(flags.options(tag, bases.get(None), platforms[0], warmup), sign_model=sign_model)
+    options = replace(flags.options(tag, bases.get(None), platforms[0], warmup), sign_model=sign_model,
+                      optimize=flags.optimize_steps(optimize))
     for name in platforms[1:] if platforms[0] else ():
         flags.options(tag, bases.get(name), name, warmup)  # every platform's base is valid before anything runs
     if sign_key is not None and not push_:
@@ -128,13 +130,15 @@ def plan_cmd(
     json_out: bool = JsonOpt,
     contained: bool = ContainedOpt,
     strict: bool = StrictOpt,
+    optimize: Optional[str] = OptimizeOpt,
 ) -> None:
     """Every decision a build would make (provider and why, base image and its facts, Python,
-    the lock with download sizes, tag, warmup, runtime base reuse), downloading no wheel and
-    building nothing."""
+    the lock with download sizes, tag, warmup, runtime base reuse, the model's optimisation),
+    downloading no wheel and building nothing."""
     from gpux_pack.commands import plan
 
-    rows = plan.plans(path, provider, tag, flags.options(tag, base_image, platform, warmup), offline, contained, strict)
+    options = replace(flags.options(tag, base_image, platform, warmup), optimize=flags.optimize_steps(optimize))
+    rows = plan.plans(path, provider, tag, options, offline, contained, strict)
     print(json.dumps({"plans": rows}, indent=2) if json_out else "\n".join(printable(line) for line in plan.lines(rows)))
 
 
@@ -454,7 +458,8 @@ def build_request(values: dict[str, Any]) -> Any:
         tuple(values.get("base_image") or ()), values.get("platform"), values.get("warmup"),
         bool(values.get("no_cache")), bool(values.get("quiet")), bool(values.get("json_out")),
         bool(values.get("refresh")), bool(values.get("push_")), text(values.get("sbom")), text(values.get("sign_key")),
-        text(values.get("sign_model")), bool(values.get("contained")), bool(values.get("strict")))
+        text(values.get("sign_model")), bool(values.get("contained")), bool(values.get("strict")),
+        values.get("optimize"))
 
 
 def replayed(argv: list[str]) -> bool:

@@ -18,6 +18,8 @@ WarmupOpt = typer.Option(None, "--warmup", help="auto | always | never.")
 RefreshOpt = typer.Option(False, "--refresh", help="Re-resolve the image's wheels instead of reusing the cached lock.")
 ContainedOpt = typer.Option(False, "--contained", help="Read nothing outside the project folder (for projects "
                             "you do not trust): gpux.yml and the model must resolve inside it.")
+OptimizeOpt = typer.Option(None, "--optimize", help="Replace gpux.yml's pack.optimize steps: graph, int8, fp16, "
+                           "comma-separated, or none.")
 PullOpt = typer.Option("missing", "--pull", help="Pull the image first: missing (when this engine lacks it), "
                        "always, or never, as docker run --pull.")
 
@@ -50,3 +52,20 @@ def options(tag, base_image, platform, warmup):
     from gpux_pack.plan import options  # the commands that plan pay for pydantic, not --help or run
 
     return options(tag, base_image, platform, warmup)
+
+
+def optimize_steps(text: str | None) -> tuple[str, ...] | None:
+    """--optimize graph,int8 (in gpux.yml's order of steps), none: (); absent: gpux.yml's."""
+    if text is None:
+        return None
+    from gpux_pack.project.config import OPTIMIZE_MODES  # the commands that plan pay for pydantic, not --help
+
+    steps = [s.strip() for s in text.split(",") if s.strip()]
+    if steps == ["none"]:
+        return ()
+    for step in steps:
+        if step not in OPTIMIZE_MODES:
+            raise UsageError(f"--optimize {text!r}: {step!r} is not a step; use graph, int8, fp16 or none")
+    if "int8" in steps and "fp16" in steps:
+        raise UsageError(f"--optimize {text!r}: int8 and fp16 exclude each other")
+    return tuple(s for s in OPTIMIZE_MODES if s in steps)

@@ -55,6 +55,31 @@ class ImageRow(_Model):
                                                    "referring to `digest`")
     notes: list[str] = Field(default_factory=list, description="Warnings about gpux.yml: what was left out or not "
                              "acted on, where the graph overrules a declaration (file:line: field: text)")
+    optimize: Optional[Optimization] = Field(None, description="What pack.optimize did to the model, with the "
+                                             "measured errors (absent when it was off)")
+
+
+class OptimizeStep(_Model):
+    mode: str = Field(description="graph, int8 or fp16")
+    how: str = Field(description="graph: extended or basic; int8: dynamic or static; fp16: float16")
+    errors: dict[str, float] = Field(description="Per output: the largest difference from the original model's "
+                                     "answer over its largest magnitude (non-float outputs: the share that differs), "
+                                     "on the checked inputs, after this step")
+    tolerance: dict[str, float] = Field(description="Per output: the largest error allowed")
+
+
+class ModelFile(_Model):
+    sha256: str
+    bytes: int
+
+
+class Optimization(_Model):
+    steps: list[OptimizeStep] = Field(description="Each step done, in order, checked against the original model")
+    skipped: list[str] = Field(description="What could not be done for this image, and why (a line each)")
+    samples: str = Field(description="The inputs the checks ran: gpux.yml's pack.optimize.samples, or generated")
+    onnxruntime: str = Field(description="The ONNX Runtime that optimised and checked the model here")
+    original: ModelFile = Field(description="The model as given")
+    optimized: ModelFile = Field(description="The model in the image")
 
 
 class IndexManifest(_Model):
@@ -189,6 +214,7 @@ def row(made: Made) -> dict[str, Any]:
         "attestations": {"sbom": made.attached.sbom, "provenance": made.attached.provenance}
         if made.attached else None,
         "notes": list(plan.notes),
+        "optimize": plan.optimized.to_json() if plan.optimized else None,
     }
 
 
@@ -233,8 +259,8 @@ def record(request: rebuild.Request, outcome: Outcome) -> None:
         return
     made = outcome.made[0]
     plan, built = made.plan, made.built
-    if built.loaded is None or plan.warmup == "baked":
-        return
+    if built.loaded is None or plan.warmup == "baked" or plan.optimized is not None:
+        return  # an optimised model is made again from the new one, checked again: no replay
     try:
         images = {ref: outcome.client.images.get(ref).id for ref in (plan.base.image, plan.runtime_base.tag)}
     except Exception:  # a base that is not an image here: nothing to replay from

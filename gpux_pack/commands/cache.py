@@ -31,6 +31,7 @@ KINDS = {
     "models": "what a model's checks found, by what they read (a retrained model is not checked again)",
     "rebuild": "what a weights-only rebuild replays",
     "templates": "the Dockerfile template, compiled",
+    "optimized": "models pack.optimize made, with their measured errors (by model, steps and samples)",
 }
 
 

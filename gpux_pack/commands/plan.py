@@ -10,7 +10,8 @@ from typing import Any
 
 from gpux_pack import __version__, engine, wheels
 from gpux_pack.pipeline import build
-from gpux_pack.plan import Options, preprocessing
+from gpux_pack.optimize import describe
+from gpux_pack.plan import Options, optimization, preprocessing
 from gpux_pack.ui import Reporter
 
 
@@ -38,6 +39,7 @@ def plans(path: Path, provider: str | None, tag: str | None, options: Options, o
                            "inspected": plan.base.probed, "interpreter": plan.runtime_base.config.python},
             "python": plan.base.python, "warmup": plan.warmup, "link_check": plan.link_check,
             "preprocessing": _preprocessing(plan),
+            "optimize": _optimize(loaded.project, plan, options),
             "digest_depends_on": _depends_on(plan),
             "runtime_base": {"tag": plan.runtime_base.tag, "present": build.runtime_base_present(client, plan)},
             "onnxruntime": lock.version_of(plan.provider.ort),
@@ -76,7 +78,9 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
             a = steps["audio"]
             out.append(f"  audio         '{a['input']}' -> {a['feed']}: WAV at {a['sample_rate']} Hz, {a['samples']} "
                        f"samples, log-mel {a['n_mels']} x {a['frames']} (n_fft {a['n_fft']}, hop {a['hop_length']})")
-        out += [f"  note          {note}" for note in r["notes"]]
+        if r["optimize"]["steps"]:
+            out.append(f"  optimize      {r['optimize']['described']}, each checked against the original")
+        out += [f"  note          {note}" for note in [*r["optimize"]["skipped"], *r["notes"]]]
         state = "present: only the model is built" if r["runtime_base"]["present"] else "built on the first build"
         out.append(f"  runtime base  {r['runtime_base']['tag']} ({state})")
         unknown = f", {len(r['download_unknown'])} of unknown size" if r["download_unknown"] else ""
@@ -103,3 +107,10 @@ def _depends_on(plan: Any) -> list[str]:
     base = f"the base image's id ({plan.base.id[:19]})" if plan.base.id else "the base image's id"
     return ["gpux.yml's values", "the model's bytes", *(["the preprocessing files"] if plan.assets else []),
             base, "the lock (each wheel's version and hash)", f"gpux-pack {__version__}", when]
+
+
+def _optimize(project: Any, plan: Any, options: Options) -> dict[str, Any]:
+    """What pack.optimize (or --optimize) would do to the model for this image, and what it cannot."""
+    decision = optimization(project, plan.provider, options)
+    return {"steps": [{"mode": s.mode, "how": s.how} for s in decision.steps], "described": describe(decision),
+            "skipped": list(decision.skipped)}

@@ -86,6 +86,17 @@ def _properties(**values: Any) -> list[dict[str, str]]:
                   key=lambda p: (p["name"], p["value"]))
 
 
+def _optimized(plan: Plan) -> dict[str, str]:
+    """The model's properties that say what pack.optimize did: the steps, each step's errors
+    against the original on each output (JSON), the inputs checked, the ONNX Runtime that did it."""
+    done = plan.optimized
+    if done is None:
+        return {}
+    return {"optimize": ",".join(f"{m.step.mode}:{m.step.how}" for m in done.measured),
+            "optimize_errors": json.dumps({m.step.mode: dict(m.errors) for m in done.measured}, sort_keys=True),
+            "optimize_samples": done.samples, "optimize_onnxruntime": done.onnxruntime}
+
+
 def _sha256(value: str) -> list[dict[str, str]]:
     return [{"alg": "SHA-256", "content": value}]
 
@@ -109,7 +120,12 @@ def own_parts(doc: dict[str, Any], plan: Plan, image_id: str | None) -> dict[str
                                   files=",".join(plan.model_files), nodes=model.nodes,
                                   inputs=json.dumps([t.to_json() for t in plan.signature.inputs], sort_keys=True),
                                   outputs=json.dumps([t.to_json() for t in plan.signature.outputs], sort_keys=True),
-                                  installed_to="/opt/gpux/model")}}
+                                  installed_to="/opt/gpux/model", **_optimized(plan))}}
+    if plan.optimized is not None:  # made from the model given: its ancestor, by digest
+        parts["model"]["pedigree"] = {"ancestors": [{
+            "bom-ref": "model-original", "type": "machine-learning-model", "name": model.files[0],
+            "version": plan.config.model.version or plan.version, "hashes": _sha256(plan.optimized.original_sha256),
+            "properties": _properties(size_bytes=plan.optimized.original_bytes)}]}
     for name, path in plan.assets:
         parts[f"asset:{name}"] = {"bom-ref": f"asset:{name}", "type": "file", "name": name,
                                   "hashes": _sha256(_file_sha256(path)),
@@ -198,7 +214,14 @@ def library_document(plan: Plan, image_id: str | None = None) -> bytes:
                          files=",".join(plan.model_files), nodes=model.nodes,
                          inputs=json.dumps([t.to_json() for t in plan.signature.inputs], sort_keys=True),
                          outputs=json.dumps([t.to_json() for t in plan.signature.outputs], sort_keys=True),
-                         installed_to="/opt/gpux/model"))
+                         installed_to="/opt/gpux/model", **_optimized(plan)))
+    if plan.optimized is not None:
+        from cyclonedx.model.component import Pedigree
+
+        model_component.pedigree = Pedigree(ancestors=[Component(
+            type=ComponentType.MACHINE_LEARNING_MODEL, name=model.files[0], bom_ref="model-original",
+            version=plan.config.model.version or plan.version, hashes=sha256([plan.optimized.original_sha256]),
+            properties=props(size_bytes=plan.optimized.original_bytes))])
     components.append(model_component)
     for name, path in plan.assets:
         components.append(Component(type=ComponentType.FILE, name=name, bom_ref=f"asset:{name}",

@@ -26,8 +26,9 @@ from gpux_pack.image.maker import Maker, OncePerTag, choose, model_recipe, runti
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.image.sbom import CompiledCache
 from gpux_pack.install import install
+from gpux_pack.optimize import Optimized, optimize, summary_lines, vocabulary_size
 from gpux_pack.plan import (Options, Plan, Resolve, RuntimeBase, assumed_base, check_model_for, choose_base,
-                            image_tag, make_plan, notes, plan_runtime_base, weights_note)
+                            image_tag, make_plan, notes, optimization, plan_runtime_base, weights_note)
 from gpux_pack.project.load import Project, load_project
 from gpux_pack.project.model import ModelInfo, Signature, inspect_model, reconcile
 from gpux_pack.project.preprocess import download, locate
@@ -167,15 +168,32 @@ def base_facts(base: BaseImage, platform: str | None, python: str | None, client
 def plan_for(
     loaded: Loaded, provider_name: str, reason: str, options: Options, client: Engine | None, ui: Reporter, pull: bool,
     resolve: Resolve | None = None,
+    optimized: Optimized | None = None,
 ) -> Plan:
     """The plan for one provider, made once: with an engine, the base image's facts are read
     from its files first (without one, the table's are assumed); with resolve, its wheels are
-    locked as it is made (see resolver)."""
+    locked as it is made (see resolver); with optimized, the image takes that model."""
     project = loaded.project
     provider = providers.get(provider_name, cuda=project.config.pack.cuda)
     base = base_facts(choose_base(project, provider, options), options.platform, project.config.pack.python,
                       client, ui, pull, for_platform=options.multi_platform)
-    return make_plan(project, loaded.model, loaded.signature, provider, reason, base, options, resolve)
+    model = optimized.model if optimized else loaded.model
+    return make_plan(project, model, loaded.signature, provider, reason, base, options, resolve, optimized)
+
+
+def optimized(loaded: Loaded, provider_name: str, options: Options, ui: Reporter) -> Optimized | None:
+    """pack.optimize for this provider's image, before planning (the plan takes the model it
+    makes): a line for each step that cannot be done for the provider, None when none can."""
+    project = loaded.project
+    decision = optimization(project, providers.get(provider_name, cuda=project.config.pack.cuda), options)
+    for line in decision.skipped:
+        ui.warn(line)
+    text = loaded.signature.text
+    done = optimize(project, loaded.model, loaded.signature, decision,
+                    vocabulary_size(text.tokenizer.path) if text else None, ui.info, ui.warn)
+    for line in summary_lines(done) if done else ():
+        ui.info(line)
+    return done
 
 
 def resolver(ui: Reporter, refresh: bool = False, offline: bool = False) -> Resolve:
@@ -218,7 +236,8 @@ def prepare(
     lacks it). self_contained (render): one context with everything, which `docker build`
     turns into an image with the same layers."""
     loaded = with_tokenizer(loaded, ui)
-    plan = plan_for(loaded, provider_name, reason, options, client, ui, pull, resolver(ui, refresh))
+    plan = plan_for(loaded, provider_name, reason, options, client, ui, pull, resolver(ui, refresh),
+                    optimized(loaded, provider_name, options, ui))
     if plan.externalize:
         ui.info(weights_note(plan.model.files[0], plan.model.inline_weights))
     signed: tuple[tuple[str, bytes], ...] = ()

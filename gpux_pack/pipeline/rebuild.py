@@ -77,13 +77,15 @@ class Request:
     sign_model: str | None = None
     contained: bool = False
     strict: bool = False
+    optimize: str | None = None
 
     @property
     def replayable(self) -> bool:
         """What the replay does not do as the full build does: re-resolve or rebuild without the
         cache, a baked warmup or a chosen platform, the model signature (it signs gpux.json too,
-        which names the model's digest), an SBOM folder."""
-        return not (self.refresh or self.no_cache or self.platform or self.warmup or self.sign_model or self.sbom)
+        which names the model's digest), an SBOM folder, an optimisation (made and checked anew)."""
+        return not (self.refresh or self.no_cache or self.platform or self.warmup or self.sign_model or self.sbom
+                    or self.optimize)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -442,6 +442,45 @@ def tag_template_parts(template: str) -> list[tuple[str, str | None]]:
     return parts
 
 
+OPTIMIZE_MODES = ("graph", "int8", "fp16")
+
+
+def _optimize_steps(value: Any) -> Any:
+    """`optimize: int8`, `optimize: [graph, int8]` or `optimize: graph,int8` are the steps alone."""
+    if isinstance(value, (str, list)):
+        return {"steps": value}
+    return value
+
+
+class OptimizeSection(_Section):
+    """What the build does to the model before it ships, each step checked against the original
+    model on sample inputs (gpux_pack/optimize.py)."""
+
+    steps: Annotated[list[Literal["graph", "int8", "fp16"]], BeforeValidator(_one_or_many)] = Field(
+        [], description="graph: ONNX Runtime's offline graph optimisation for the provider, saved into the image; "
+        "int8: weights quantised to 8 bits (dynamic; static with samples), cpu images; fp16: float16 weights and "
+        "arithmetic, inputs and outputs kept in their types, GPU images")
+    tolerance: Union[Annotated[float, Field(ge=0, allow_inf_nan=False)],
+                     dict[Text, Annotated[float, Field(ge=0, allow_inf_nan=False)]], None] = Field(
+        None, description="The largest error allowed on each output: the largest difference from the original "
+        "model's answer over the largest magnitude of that answer (share of elements that differ, for non-float "
+        "outputs); one number for every output or one per output name; default per step: graph 0.001, int8 0.1, "
+        "fp16 0.02")
+    samples: str | None = Field(
+        None, description="An .npz file (arrays named by the model's inputs) or a folder of them: the inputs the "
+        "check runs, and int8's calibration (static quantisation); default: 4 inputs generated from the graph's "
+        "types and shapes with a fixed seed")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("a step is named twice")
+        if "int8" in v and "fp16" in v:
+            raise ValueError("int8 and fp16 exclude each other: choose one")
+        return [mode for mode in OPTIMIZE_MODES if mode in v]  # always run in this order
+
+
 class PackSection(_Section):
     """Packaging settings (gpux-pack's own; plain GPUX files need none)."""
 
@@ -475,6 +514,9 @@ class PackSection(_Section):
     tensorrt: TensorRTSection = TensorRTSection()
     openvino: OpenVINOSection = OpenVINOSection()
     accuracy: AccuracySection | None = None
+    optimize: Annotated[OptimizeSection, BeforeValidator(_optimize_steps)] = Field(
+        OptimizeSection(), description="Optimise the model at build, each step checked against the original "
+        "(off by default): a step, a list of steps, or {steps, tolerance, samples}")
     labels: dict[LabelKey, Text] = {}
     cuda: Annotated[Literal["12", "13"], BeforeValidator(_to_str)] = Field(
         "13", description="CUDA major version of the cuda/tensorrt images (ONNX Runtime <= 1.26 for 12)"
