@@ -3,8 +3,10 @@ so the pipeline's decisions (pull or not, what to remove, what to load) are test
 Docker.
 
 It keeps images and containers as the engine would after each call, and refuses what the
-engine refuses, with the Docker SDK's errors (ImageNotFound, NotFound, APIError) or the error
-events the engine streams. `calls` is every call made on it, with the arguments as sent; what
+engine refuses, with the errors the real client raises: gpux-pack's (engine/interface.py's
+ImageNotFound, EngineError) from images, inspect, history and load; the Docker SDK's
+(ImageNotFound, NotFound, APIError) from containers, pulls and pushes, which the client hands to
+the SDK as they are; or the error events the engine streams. `calls` is every call made on it, with the arguments as sent; what
 it was handed whole is kept too: each archive `load_image` read (`loaded`), each build context
 (`builds`). Setting it up (add_image, publish, add_container) records nothing.
 
@@ -28,6 +30,8 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 
 import docker.errors
+
+from gpux_pack.engine.interface import EngineError, ImageNotFound
 
 NEVER = "0001-01-01T00:00:00Z"  # the engine's "no time" (a loaded image's LastTagTime)
 _serial = itertools.count(1)
@@ -56,11 +60,23 @@ def _sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _not_found(name: str) -> docker.errors.ImageNotFound:
+def _not_found(name: str) -> ImageNotFound:
+    why = f"No such image: {name}"
+    return ImageNotFound(f"404 Client Error for http+docker://localhost/v1.41/images/{name}/json: Not Found "
+                         f"(\"{why}\")", 404, why)
+
+
+def _conflict(image: str, why: str) -> EngineError:
+    return EngineError(f"409 Client Error for http+docker://localhost/v1.41/images/{image}: Conflict (\"{why}\")",
+                       409, why)
+
+
+def _sdk_not_found(name: str) -> docker.errors.ImageNotFound:
+    """What the SDK's containers.create and run raise for an image the engine lacks."""
     return docker.errors.ImageNotFound(f"404 Client Error: Not Found (\"No such image: {name}\")")
 
 
-def _conflict(why: str) -> docker.errors.APIError:
+def _sdk_conflict(why: str) -> docker.errors.APIError:
     return docker.errors.APIError(f"409 Client Error: Conflict (\"{why}\")")
 
 
@@ -148,7 +164,7 @@ class FakeContainer:
     def remove(self, *, force: bool = False) -> None:
         self._call("remove", force=force)
         if self.status == "running" and not force:
-            raise _conflict(f"cannot remove container {self.id[:12]}: container is running: stop the container "
+            raise _sdk_conflict(f"cannot remove container {self.id[:12]}: container is running: stop the container "
                             "before removing or force remove")
         del self._engine.containers.by_id[self.id]
 
@@ -225,11 +241,11 @@ class FakeImages:
             tags.remove(normal(image))
             return
         if not by_tag and len(tags) > 1 and not force:
-            raise _conflict(f"conflict: unable to delete {attrs['Id'][7:19]} (must be forced) - image is referenced "
-                            "in multiple repositories")
+            raise _conflict(image, f"conflict: unable to delete {attrs['Id'][7:19]} (must be forced) - image is "
+                            "referenced in multiple repositories")
         users = [c for c in self._engine.containers.by_id.values() if c.attrs["Image"] == attrs["Id"]]
         if users and not force:
-            raise _conflict(f"conflict: unable to delete {image} (must be forced) - image is being used by "
+            raise _conflict(image, f"conflict: unable to delete {image} (must be forced) - image is being used by "
                             f"container {users[0].id[:12]}")
         del self.by_id[attrs["Id"]]
         self.histories.pop(attrs["Id"], None)
@@ -278,7 +294,7 @@ class FakeContainers:
         self._engine.record("containers.create", image, **kwargs)
         attrs = self._engine.images.find(image)
         if attrs is None:
-            raise _not_found(image)
+            raise _sdk_not_found(image)
         container = self._engine.made(FakeContainer(self._engine, attrs["Id"], image, kwargs, now()))
         return container
 
@@ -288,7 +304,7 @@ class FakeContainers:
             raise NotImplementedError("the fake engine runs containers detached only")
         attrs = self._engine.images.find(image)
         if attrs is None:
-            raise _not_found(image)
+            raise _sdk_not_found(image)
         container = self._engine.made(FakeContainer(self._engine, attrs["Id"], image, kwargs, now()))
         container.attrs["State"]["Status"] = "running"
         return container

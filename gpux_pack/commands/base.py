@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from gpux_pack import engine, providers
-from gpux_pack.engine.interface import Engine
-from gpux_pack.errors import UsageError
+from gpux_pack.engine.interface import Engine, EngineError, EngineGone
+from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.image.context import Context, write
 from gpux_pack.pipeline.build import make_runtime_base, prepare_runtime_base
 from gpux_pack.plan import RUNTIME_BASES, RuntimeBase
@@ -73,8 +73,6 @@ def runtime_bases(client: Engine) -> list[dict[str, Any]]:
 def prune(client: Engine, older_than: float) -> list[dict[str, Any]]:
     """Remove the runtime base images no build used for older_than seconds and no container
     uses; their tags only (an image another name keeps stays). The rows removed."""
-    import docker
-
     cutoff = time.time() - older_than
     removed = []
     for row in runtime_bases(client):
@@ -83,7 +81,9 @@ def prune(client: Engine, older_than: float) -> list[dict[str, Any]]:
         try:
             for tag in row["tags"]:
                 client.images.remove(tag)
-        except docker.errors.APIError:
+        except EngineGone as e:
+            raise DockerError(f"cannot remove {row['tags'][0]}: {engine.short_error(e)}") from None
+        except EngineError:
             continue  # in use meanwhile (a container started, a build began on it): kept
         removed.append(row)
     return removed

@@ -2,8 +2,9 @@
 and containers. Every engine failure becomes one DockerError line with a hint.
 
 Beside it: interface.py (the part of the engine client gpux-pack uses, as types: what every
-function here takes), rootfs.py (a base image's files, read on the host) and image_labels.py
-(what an image built by gpux-pack says of itself)."""
+function here takes, and the errors it raises), sdk.py (the Docker SDK's client, raising
+them), rootfs.py (a base image's files, read on the host) and image_labels.py (what an image
+built by gpux-pack says of itself)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpux_pack.engine import unix_socket
-from gpux_pack.engine.interface import Container, Engine
+from gpux_pack.engine.interface import Container, Engine, EngineError, ImageNotFound
+from gpux_pack.engine.sdk import SdkEngine
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import Devices, HostInfo
 from gpux_pack.reference import parse_reference
@@ -83,7 +85,7 @@ def connect() -> Engine:
         raise DockerError(
             f"cannot reach the Docker engine at {where} ({reason}); start Docker, or set DOCKER_HOST"
         ) from None
-    return client
+    return SdkEngine(client)
 
 
 def try_connect() -> Engine | None:
@@ -167,16 +169,14 @@ def base_image(client: Engine, image: str, pull: bool, log: Callable[[str], None
     """The base image's `docker image inspect` attributes, pulled first when absent (or present
     for another platform than the one asked for: a multi-platform base serves each in turn) and
     allowed; None when absent and not to be pulled. Nothing runs in it."""
-    import docker
-
     try:
         attrs = client.images.get(image).attrs
         if platform is None or not pull or _platform_of(attrs) == _normal(platform):
             return attrs
-    except docker.errors.ImageNotFound:
+    except ImageNotFound:
         if not pull:
             return None
-    except docker.errors.APIError as e:
+    except EngineError as e:
         raise DockerError(f"cannot inspect base image {image}: {short_error(e)}") from None
     log(f"pulling base image {image}{f' for {platform}' if platform else ''}")
     repo, tag = parse_reference(image).repository_tag
@@ -212,14 +212,12 @@ def remove_container(container: Container) -> None:
 
 
 def image_exists(client: Engine, ref: str) -> bool:
-    import docker
-
     try:
         client.images.get(ref)
         return True
-    except docker.errors.ImageNotFound:
+    except ImageNotFound:
         return False
-    except docker.errors.APIError as e:
+    except EngineError as e:
         raise DockerError(f"cannot inspect {ref}: {short_error(e)}") from None
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpux_pack.engine import short_error
-from gpux_pack.engine.interface import Engine, Image
+from gpux_pack.engine.interface import Engine, EngineError, Image, ImageNotFound
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import PROVIDERS
 from gpux_pack.reference import parse_reference
@@ -72,17 +72,15 @@ def local(client: Engine, ref: str, built_by_us: bool = True) -> GpuxImage | Non
     """The engine's image and its labels, None when the engine has no such image. A reference
     that is no reference (`REL4/MLP`, `$(id)`, a line break) is one usage line, not the engine's
     400 text."""
-    import docker
-
     try:
         parse_reference(ref)
     except ValueError as e:
         raise UsageError(str(e)) from None  # it names the reference and what a reference looks like
     try:
         image = client.images.get(ref)
-    except docker.errors.ImageNotFound:
+    except ImageNotFound:
         return None
-    except docker.errors.APIError as e:
+    except EngineError as e:
         raise DockerError(f"cannot inspect {ref}: {short_error(e)}") from None
     return GpuxImage(ref, image, checked(ref, dict(image.attrs["Config"].get("Labels") or {}), built_by_us))
 

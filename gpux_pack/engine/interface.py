@@ -1,14 +1,35 @@
 """The part of the Docker engine client (the Docker SDK's DockerClient) that gpux-pack uses, as
 Protocols: what a function that takes an engine may ask of it, and what a stand-in engine must
 answer (the unit tests' in-memory one). Only the members gpux-pack calls, with the argument
-names it passes; an argument it passes by name is keyword-only here.
+names it passes; an argument it passes by name is keyword-only here. And the errors an engine
+raises from images, inspect, history, load, info and version, the same whichever client answers
+(engine/sdk.py translates the SDK's), so a caller catches one family.
 
-Typing only: this module imports nothing but the standard library, and nothing checks an
-engine against it at run time."""
+This module imports nothing but the standard library, and nothing checks an engine against
+the Protocols at run time."""
 
 from __future__ import annotations
 
 from typing import IO, Any, Iterable, Iterator, Protocol, Sequence
+
+
+class EngineError(Exception):
+    """The engine refused a call (its HTTP status and its own words, `explanation`), or could
+    not be reached (EngineGone). str() is the SDK's APIError text: "404 Client Error for URL:
+    Not Found ("No such image: x")"."""
+
+    def __init__(self, message: str, status_code: int | None = None, explanation: str | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.explanation = explanation
+
+
+class ImageNotFound(EngineError):
+    """No image by that name or id (a 404 that says so)."""
+
+
+class EngineGone(EngineError, ConnectionError):
+    """The connection to the engine failed or broke mid-call: not the engine's answer."""
 
 
 class Image(Protocol):
@@ -74,7 +95,7 @@ class Container(Protocol):
 
 class Images(Protocol):
     def get(self, name: str) -> Image:
-        """The image a name or id names; the SDK's ImageNotFound when there is none."""
+        """The image a name or id names; ImageNotFound when there is none."""
         ...
 
     def remove(self, image: str, *, force: bool = False, noprune: bool = False) -> None:

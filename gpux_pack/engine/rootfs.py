@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from gpux_pack import staging
 from gpux_pack.engine import base_image, container_labels, remove_container, remove_leftovers, short_error
-from gpux_pack.engine.interface import Engine
+from gpux_pack.engine.interface import Engine, ImageNotFound
 from gpux_pack.errors import DockerError, PackError, UsageError
 from gpux_pack.linkcheck import MACHINES, TRIPLETS, ElfInfo, Tree, arch_of, system_dirs
 from gpux_pack.providers import BaseImage
@@ -68,11 +68,9 @@ def export(client: Engine, image: str, log: Callable[[str], None] | None = None)
     """The image's root filesystem (the parts the checks read) under the cache, by image id.
     Made once per image: a temporary folder renamed into place when complete, so a concurrent
     build sees the whole tree or none."""
-    import docker
-
     try:
         image_id = client.images.get(image).id
-    except docker.errors.ImageNotFound:
+    except ImageNotFound:
         raise DockerError(
             f"base image {image} is not present; pull or load it, or pick another with --base-image"
         ) from None

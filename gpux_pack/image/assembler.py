@@ -185,13 +185,11 @@ def load(client: Engine, images: list[Loadable]) -> str:
     except PackError:  # DockerError too, and a file of the image that changed while it was read
         raise
     except Exception as e:
-        import requests
-
         first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-        if isinstance(e, (requests.ConnectionError, ConnectionError)):  # the engine went away mid-load
+        if isinstance(e, ConnectionError):  # the engine went away mid-load (EngineGone, a broken pipe)
             raise DockerError(f"lost the Docker engine while loading the assembled image ({first}); no tag moved: "
                               "check that the engine runs, then build again") from None
-        if isinstance(e, OSError) and not isinstance(e, requests.RequestException):  # this host's files
+        if isinstance(e, OSError):  # this host's files
             raise PackError(f"cannot read the assembled image's files: {e.strerror or first}") from None
         raise DockerError(f"the engine refused the assembled image: {first}") from None
     last = images[-1]

@@ -11,7 +11,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from gpux_pack.engine.interface import Engine
+from gpux_pack.engine.interface import Engine, ImageNotFound
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.reference import parse_reference
 from gpux_pack.ui import Reporter
@@ -37,7 +37,7 @@ def push(client: Engine, ref: str, ui: Reporter) -> Pushed:
     registry = reference.registry_path[0]
     try:
         client.images.get(f"{repo}:{tag}")
-    except docker.errors.ImageNotFound:
+    except ImageNotFound:
         raise UsageError(f"{ref}: no such image on this Docker engine (build it first)") from None
     started = time.perf_counter()
     ui.info(f"pushing {repo}:{tag} to {registry}")

@@ -124,6 +124,23 @@ def test_the_docker_sdk_answers_the_whole_protocol():
     assert _mismatches(_pairs(client, image, container)) == []
 
 
+def test_the_sdk_adapter_answers_the_whole_protocol():
+    """sdk.py's wrapper of the SDK's client (made without an engine: nothing is asked until a
+    call); its containers are the SDK's."""
+    from docker.models.containers import Container
+    from docker.models.images import Image
+
+    from gpux_pack.engine import sdk
+
+    attrs = {"Id": "sha256:" + "0" * 64, "RepoTags": []}
+    client = docker.DockerClient(base_url="unix:///nonexistent/docker.sock", version="1.41")
+    container = Container(attrs={"Id": "0" * 64, "State": {"Status": "created"}, "Config": {"Labels": {}}},
+                          client=client, collection=client.containers)
+    wrapped = sdk.SdkEngine(client)
+    assert _mismatches(_pairs(wrapped, sdk.Image(Image(attrs=attrs, client=client, collection=client.images)),
+                              container)) == []
+
+
 def test_the_check_sees_a_missing_member_and_a_renamed_argument():
     class Images:
         def get(self, ref):  # not `name`: ImageCollection.get(name=...) would refuse it by name
@@ -339,7 +356,7 @@ def test_a_bad_reference_asks_nothing_and_an_engine_failure_is_one_docker_line()
     with pytest.raises(UsageError):
         image_labels.local(fake, "REL4/MLP")
     assert fake.calls == []
-    fake.failing["images.get"] = docker.errors.APIError("500 Server Error: Internal Server Error\nmore")
+    fake.failing["images.get"] = interface.EngineError("500 Server Error: Internal Server Error\nmore", 500)
     with pytest.raises(DockerError) as err:
         image_labels.local(fake, "gpux-test/m:1")
     assert str(err.value) == "cannot inspect gpux-test/m:1: 500 Server Error: Internal Server Error"

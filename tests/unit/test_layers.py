@@ -88,11 +88,10 @@ def test_a_parents_history_keeps_one_entry_per_layer_even_of_size_0():
 def test_losing_the_engine_mid_load_says_so_and_a_refusal_says_refused():
     """An engine gone while `docker load` read the archive was reported as "the engine refused the
     assembled image"; what the user must do differs (start the engine, not fix the image)."""
-    import docker
-    import requests
     from types import SimpleNamespace
 
-    from gpux_pack.errors import DockerError
+    from gpux_pack.engine.interface import EngineError, EngineGone
+    from gpux_pack.errors import DockerError, PackError
     from gpux_pack.image.archive import Loadable
 
     def client(error: Exception) -> SimpleNamespace:
@@ -102,9 +101,12 @@ def test_losing_the_engine_mid_load_says_so_and_a_refusal_says_refused():
         return SimpleNamespace(api=SimpleNamespace(load_image=load_image))
 
     image = Loadable("gpux-test/x:1", b"{}", [], [], 0)
-    for error, words in ((requests.ConnectionError("Connection aborted."), "lost the Docker engine while loading"),
+    for error, words in ((EngineGone("Connection aborted."), "lost the Docker engine while loading"),
                          (BrokenPipeError(32, "Broken pipe"), "lost the Docker engine while loading"),
-                         (docker.errors.APIError("500 Server Error: invalid tar header"), "refused the assembled image")):
+                         (EngineError("500 Server Error: invalid tar header", 500), "refused the assembled image")):
         with pytest.raises(DockerError, match=words) as err:
             assembler.load(client(error), [image])
         assert "\n" not in str(err.value)
+    with pytest.raises(PackError, match="cannot read the assembled image's files") as err:  # this host's, not the engine
+        assembler.load(client(FileNotFoundError(2, "No such file or directory")), [image])
+    assert not isinstance(err.value, DockerError)

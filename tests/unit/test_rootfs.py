@@ -403,7 +403,7 @@ def test_a_killed_builds_export_container_is_removed_by_the_next_export_and_by_p
                                                labels={ROLE: "export", engine.OWNER_LABEL: v})
             for k, v in owner.items()}
     try:
-        rootfs.export(docker_client, BASE_IMAGE)
+        rootfs.export(engine.connect(), BASE_IMAGE)
         left = _ours(docker_client)
         assert made["gone"].id not in left and made["live"].id in left
         made["gone"] = docker_client.containers.create(BASE_IMAGE, entrypoint=["/nonexistent"], network_disabled=True,
@@ -419,7 +419,7 @@ def test_a_killed_builds_export_container_is_removed_by_the_next_export_and_by_p
 @pytest.mark.e2e
 def test_engine_errors_are_one_line(docker_client, cache):
     with pytest.raises(DockerError, match=r"^base image gpux-test/no-such-image:0 is not present; ") as err:
-        rootfs.export(docker_client, "gpux-test/no-such-image:0")
+        rootfs.export(engine.connect(), "gpux-test/no-such-image:0")
     assert "\n" not in str(err.value)
 
     def create(*args, **kwargs):
@@ -447,7 +447,7 @@ def test_a_scratch_image_has_no_python3(docker_client, tags, cache, tmp_path):
     put(tmp_path / "ctx", "/Dockerfile", text="FROM scratch\nCOPY hello.txt /hello.txt\n")
     tag = tags("scratch:one-file")
     image = _build(docker_client, tmp_path / "ctx", tag)
-    root = rootfs.export(docker_client, tag)
+    root = rootfs.export(engine.connect(), tag)
     assert not [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]  # nothing the checks read
     with pytest.raises(UsageError, match=f"^{tag} has no python3; use a base with Python 3.11"):
         rootfs.facts(root, image.attrs["Architecture"], tag)
@@ -471,7 +471,7 @@ def test_a_foreign_architecture_base_is_read_without_running_it(docker_client, t
     image = _build(docker_client, ctx, tag, platform=platform)
     assert image.attrs["Architecture"] == platform.split("/")[1]
     before = _ours(docker_client)
-    exported = rootfs.export(docker_client, tag)
+    exported = rootfs.export(engine.connect(), tag)
     assert _ours(docker_client) <= before
     assert rootfs.facts(exported, image.attrs["Architecture"], tag) == ("3.11", HOST_GLIBC, other)
 
@@ -505,7 +505,7 @@ def _site_from(wheel: Path, dest: Path) -> Path:
 def debian_root(docker_client, tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPUX_PACK_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        return rootfs.export(docker_client, BASE_IMAGE)
+        return rootfs.export(engine.connect(), BASE_IMAGE)
 
 
 def _check(provider_name: str, root: Path, site: Path, log=None) -> list[str]:
@@ -542,7 +542,6 @@ def test_host_link_check_passes_for_the_cpu_wheel(debian_root, tmp_path):
 @pytest.mark.e2e
 def test_concurrent_exports_share_one_complete_tree(docker_client, cache):
     """Two builds exporting the same base at once: each sees a whole tree, the same one."""
-    import docker
     from concurrent.futures import ThreadPoolExecutor
 
     key = f"{docker_client.images.get(BASE_IMAGE).id.replace(':', '-')}-{rootfs.FORMAT}"
@@ -550,7 +549,7 @@ def test_concurrent_exports_share_one_complete_tree(docker_client, cache):
     stale.mkdir(parents=True)  # left by a build that was killed
     before = _ours(docker_client)
     with ThreadPoolExecutor(2) as pool:
-        roots = list(pool.map(lambda _: rootfs.export(docker.from_env(), BASE_IMAGE), range(2)))
+        roots = list(pool.map(lambda _: rootfs.export(engine.connect(), BASE_IMAGE), range(2)))
     assert roots[0] == roots[1] and (roots[0] / "etc/ld.so.conf").is_file()
     assert [p.name for p in _entries(cache / "rootfs")] == [roots[0].name]  # no temporary trees left
     assert _ours(docker_client) <= before
