@@ -2,9 +2,9 @@
 and containers. Every engine failure becomes one DockerError line with a hint.
 
 Beside it: interface.py (the part of the engine client gpux-pack uses, as types: what every
-function here takes, and the errors it raises), sdk.py (the Docker SDK's client, raising
-them), rootfs.py (a base image's files, read on the host) and image_labels.py (what an image
-built by gpux-pack says of itself)."""
+function here takes, and the errors it raises), local.py (a local engine's client, standard
+library only), sdk.py (the Docker SDK's, for any other engine), rootfs.py (a base image's files,
+read on the host) and image_labels.py (what an image built by gpux-pack says of itself)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from gpux_pack.engine import unix_socket
 from gpux_pack.engine.interface import Container, Engine, EngineError, ImageNotFound
+from gpux_pack.engine.local import LocalEngine
 from gpux_pack.engine.sdk import SdkEngine
 from gpux_pack.errors import DockerError, UsageError
 from gpux_pack.providers import Devices, HostInfo
@@ -74,11 +75,16 @@ def _alive(pid: int) -> bool:
 
 
 def connect() -> Engine:
+    """A local engine that answers /_ping is spoken to with the standard library (local.py);
+    any other, or one that did not answer, through the Docker SDK, which says why it cannot."""
+    version = unix_socket.api_version()
+    if version is not None:
+        return LocalEngine(unix_socket.socket_path(), version)
     import docker
 
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
-        client = docker.from_env(timeout=600, version=unix_socket.api_version() or "auto")
+        client = docker.from_env(timeout=600, version="auto")
         client.ping()
     except Exception as e:
         reason = short_error(e)

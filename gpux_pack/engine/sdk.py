@@ -1,6 +1,7 @@
-"""The Docker SDK's client, raising interface.py's errors (not the SDK's) from images, inspect,
-history, load, info and version: callers catch gpux-pack's family, whatever client answers. The
-rest (containers, build, pull, push) is the SDK's as it is."""
+"""The Docker SDK's client for an engine that is not a local unix socket (DOCKER_HOST tcp:// or
+ssh://, a Docker context; a local one is engine/local.py's), raising interface.py's errors (not
+the SDK's) from images, inspect, history, load, info and version: callers catch gpux-pack's
+family, whatever client answers. The rest (containers, build, pull, push) is the SDK's as it is."""
 
 from __future__ import annotations
 

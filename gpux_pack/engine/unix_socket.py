@@ -1,6 +1,6 @@
 """The engine's API over its local unix socket with the standard library alone: the model-only
 rebuild (pipeline/rebuild.py) talks to the engine before the Docker SDK and requests could even
-be imported."""
+be imported, and the engine client of a build (engine/local.py) through the same connection."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ class Unreachable(Exception):
     """No local engine socket, or it did not answer: the caller takes its slower path."""
 
 
-class _Connection(http.client.HTTPConnection):
+class Connection(http.client.HTTPConnection):
+    """HTTP over the engine's unix socket (the engine ignores the Host header)."""
+
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)
         self.path = path
@@ -36,7 +38,7 @@ def socket_path() -> str:
 
 def call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
          timeout: float = 600) -> tuple[int, bytes]:
-    conn = _Connection(socket_path(), timeout)
+    conn = Connection(socket_path(), timeout)
     try:
         conn.request(method, url, body=body, headers=headers or {}, encode_chunked=body is not None)
         response = conn.getresponse()
@@ -57,7 +59,7 @@ def api_version() -> str | None:
     the engine answers only after asking containerd and runc theirs: 10 ms); None when it is
     not a local engine that answers."""
     try:
-        conn = _Connection(socket_path(), 5)
+        conn = Connection(socket_path(), 5)
     except Unreachable:
         return None
     try:

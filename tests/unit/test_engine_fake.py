@@ -124,18 +124,21 @@ def test_the_docker_sdk_answers_the_whole_protocol():
     assert _mismatches(_pairs(client, image, container)) == []
 
 
-def test_the_sdk_adapter_answers_the_whole_protocol():
-    """sdk.py's wrapper of the SDK's client (made without an engine: nothing is asked until a
-    call); its containers are the SDK's."""
+def test_the_standard_library_client_and_the_sdk_adapter_answer_the_whole_protocol():
+    """engine/local.py's client and sdk.py's wrapper of the SDK's (made without an engine: nothing
+    is asked until a call); their containers are the SDK's."""
     from docker.models.containers import Container
     from docker.models.images import Image
 
-    from gpux_pack.engine import sdk
+    from gpux_pack.engine import local, sdk
 
     attrs = {"Id": "sha256:" + "0" * 64, "RepoTags": []}
     client = docker.DockerClient(base_url="unix:///nonexistent/docker.sock", version="1.41")
     container = Container(attrs={"Id": "0" * 64, "State": {"Status": "created"}, "Config": {"Labels": {}}},
                           client=client, collection=client.containers)
+    mine = local.LocalEngine("/nonexistent/docker.sock", "1.41")
+    mine._sdk = client
+    assert _mismatches(_pairs(mine, local.Image(mine, attrs), container)) == []
     wrapped = sdk.SdkEngine(client)
     assert _mismatches(_pairs(wrapped, sdk.Image(Image(attrs=attrs, client=client, collection=client.images)),
                               container)) == []
