@@ -33,7 +33,10 @@ from gpux_pack.providers import Provider
 from gpux_pack.staging import cache_dir, touch
 
 FORMAT = "1"  # of the entries under the cache's optimized/
-DEFAULT_TOLERANCE = {"graph": 1e-3, "int8": 0.1, "fp16": 0.02}
+# relative L2 errors (_error): graph's fusions reorder float arithmetic (1e-7 measured); int8
+# weights, per channel, moved a BERT encoder's hidden state by 0.07-0.11 (pooled embedding cosine
+# 0.994-0.998) where per-tensor weights moved it by 0.25 and a broken quantisation by 0.4 and more
+DEFAULT_TOLERANCE = {"graph": 1e-4, "int8": 0.15, "fp16": 0.01}
 GENERATED = 4  # inputs made when none are given
 SEED = 0
 DYNAMIC_SIZE = 32  # a dimension the graph and gpux.yml leave open, in generated inputs (axis 0: 1)
@@ -180,7 +183,7 @@ def optimize(project: Project, model: ModelInfo, signature: Signature, decision:
         _gate(project, m)
     if not measured:  # every step was left out: the image keeps the model as given
         return None
-    optimized_model = inspect_model(root / model.files[0], f"{model.files[0]} (optimized)")
+    optimized_model = inspect_model(root / model.files[0], f"{model.files[0]} (optimized)", checker=False)
     samples = str(settings.samples) if samples_path else f"{GENERATED} generated (seed {SEED})"
     return Optimized(optimized_model, model.sha256, model.size_bytes, measured,
                      (*decision.skipped, *record["skipped"]), samples, ort.__version__)
@@ -200,8 +203,8 @@ def _gate(project: Project, measured: Measured) -> None:
     allowed = dict(measured.tolerance)
     for output, error in measured.errors:
         if error > allowed[output]:
-            raise project.error(_MODEL, f"{measured.step.mode} moved output '{output}' by {error:.4g} (the largest "
-                                        f"difference over the original's largest value), over its tolerance "
+            raise project.error(_MODEL, f"{measured.step.mode} moved output '{output}' by {error:.4g} (relative L2 "
+                                        f"error against the original model), over its tolerance "
                                         f"{allowed[output]:g}: raise pack.optimize.tolerance or leave "
                                         f"{measured.step.mode} out")
 
@@ -286,7 +289,7 @@ def _apply(step: Step, src: Path, dst: Path, feeds: list[dict[str, Any]], ort: A
                     quantize_static(str(standard), str(dst), Reader(), quant_format=QuantFormat.QDQ,
                                     per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
                 else:
-                    quantize_dynamic(str(standard), str(dst), weight_type=QuantType.QInt8,
+                    quantize_dynamic(str(standard), str(dst), weight_type=QuantType.QInt8, per_channel=True,
                                      op_types_to_quantize=list(DYNAMIC_OPS))
             finally:
                 standard.unlink(missing_ok=True)
@@ -335,23 +338,25 @@ def _answers(ort: Any, path: Path, feeds: list[dict[str, Any]], project: Project
 
 
 def _error(np: Any, got: Any, want: Any) -> float:
-    """The largest difference over the original's largest magnitude (floats); for any other
-    type, the share of elements that differ. A shape that differs is the largest error (1)."""
+    """Floats: the difference's root mean square over the original answer's (the relative L2
+    error: 0.01 is an answer 40 dB above its noise). A single largest difference over the largest
+    value punished int8 for one outlier in a BERT hidden state (0.20 where the root mean square
+    says 0.04). Any other type: the share of elements that differ. A shape or a non-finite value
+    that differs is the largest error."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
-        return 1.0
+        return float("inf")
     if want.size == 0:
         return 0.0
     if want.dtype.kind in "fc":
         a, b = got.astype(np.float64), want.astype(np.float64)
-        if not np.isfinite(a).all() or not np.isfinite(b).all():
-            same = np.isclose(a, b, rtol=0, atol=0, equal_nan=True) | (a == b)
-            if not same[~np.isfinite(b)].all() or not np.isfinite(a[np.isfinite(b)]).all():
-                return float("inf")
-            a, b = np.where(np.isfinite(b), a, 0), np.where(np.isfinite(b), b, 0)
-        scale = float(np.max(np.abs(b)))
-        diff = float(np.max(np.abs(a - b)))
-        return diff / scale if scale > 0 else diff
+        finite = np.isfinite(b)
+        if not (np.isfinite(a) == finite).all() or not (a[~finite] == b[~finite]).all():
+            return float("inf")  # a NaN or an infinity where the original had none, or another one
+        a, b = a[finite], b[finite]
+        norm = float(np.sqrt(np.sum(b * b)))
+        diff = float(np.sqrt(np.sum((a - b) ** 2)))
+        return diff / norm if norm > 0 else diff
     return float(np.mean(got != want))
 
 

