@@ -20,12 +20,13 @@ import hashlib
 import json
 import os
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from gpux_pack import staging
-from gpux_pack.errors import UsageError
+from gpux_pack.errors import ConfigError
 from gpux_pack.project.load import Project
 from gpux_pack.project.model import ModelInfo, Signature, inspect_model
 from gpux_pack.project.skeleton import read_skeleton
@@ -152,8 +153,8 @@ def optimize(project: Project, model: ModelInfo, signature: Signature, decision:
         raise project.error(_MODEL, f"{model.files[0]} keeps its weights in external data files, which the "
                                     "optimisation does not write yet; remove pack.optimize or inline the weights")
     ort = _onnxruntime(project)
-    samples_path = _samples_path(project, settings.samples)
-    feeds_key = _file_digest(samples_path) if samples_path else f"generated-{GENERATED}-{SEED}-{DYNAMIC_SIZE}"
+    given = samples_path(project)
+    feeds_key = _file_digest(given) if given else f"generated-{GENERATED}-{SEED}-{DYNAMIC_SIZE}"
     key = hashlib.sha256(json.dumps([FORMAT, model.sha256, [(s.mode, s.how) for s in decision.steps],
                                      ort.__version__, feeds_key]).encode()).hexdigest()[:32]
     root = cache_dir() / "optimized" / key
@@ -164,11 +165,14 @@ def optimize(project: Project, model: ModelInfo, signature: Signature, decision:
             if not done.is_file():
                 staging.remove_leftovers(root)
                 log(f"optimizing the model: {describe(decision)}, each step checked on "
-                    f"{'the samples given' if samples_path else f'{GENERATED} generated inputs'}")
+                    f"{'the samples given' if given else f'{GENERATED} generated inputs'}")
                 with staging.staged(root) as tmp:
                     tmp.mkdir()
-                    feeds = (_read_samples(project, samples_path, model) if samples_path
-                             else generated(model, signature, vocab))
+                    try:
+                        feeds = (_read_samples(project, given, model) if given
+                                 else generated(model, signature, vocab))
+                    except ValueError as e:
+                        raise project.error(_MODEL, str(e)) from None
                     record = _run(project, model, decision, feeds, tmp / model.files[0], ort, log)
                     (tmp / "optimized.json").write_text(json.dumps(record))
     touch(root)
@@ -184,7 +188,7 @@ def optimize(project: Project, model: ModelInfo, signature: Signature, decision:
     if not measured:  # every step was left out: the image keeps the model as given
         return None
     optimized_model = inspect_model(root / model.files[0], f"{model.files[0]} (optimized)", checker=False)
-    samples = str(settings.samples) if samples_path else f"{GENERATED} generated (seed {SEED})"
+    samples = str(settings.samples) if given else f"{GENERATED} generated (seed {SEED})"
     return Optimized(optimized_model, model.sha256, model.size_bytes, measured,
                      (*decision.skipped, *record["skipped"]), samples, ort.__version__)
 
@@ -367,12 +371,13 @@ def _error(np: Any, got: Any, want: Any) -> float:
 def generated(model: ModelInfo, signature: Signature, vocab: int | None) -> list[dict[str, Any]]:
     """GENERATED inputs from the graph's types and shapes (gpux.yml's sizes where it fixes them),
     seeded: floats uniform in [0, 1); token ids within the vocabulary (the tokenizer's, else the
-    embedding table's rows), attention masks all ones, token type ids zeros."""
+    embedding table's rows), attention masks all ones, token type ids zeros (by the text step's
+    roles, else by the input's name). A type no input can be made for is a ValueError."""
     import numpy as np
 
     rng = np.random.default_rng(SEED)
     declared = dict(signature.declared)
-    fed_vocab = {name: vocab for _, name, _ in signature.text.feeds} if signature.text and vocab else {}
+    roles = {name: role for role, name, _ in signature.text.feeds} if signature.text else {}
     tables = _embedding_rows(model)
     out = []
     for _ in range(GENERATED):
@@ -381,8 +386,8 @@ def generated(model: ModelInfo, signature: Signature, vocab: int | None) -> list
             if not spec.required:
                 continue
             shape = tuple(_size(d, axis, declared.get(spec.name)) for axis, d in enumerate(spec.shape or ()))
-            feed[spec.name] = _values(np, rng, spec.name, spec.type or "float32", shape,
-                                      fed_vocab.get(spec.name) or tables.get(spec.name))
+            rows = (vocab if roles.get(spec.name) == "input_ids" else None) or tables.get(spec.name)
+            feed[spec.name] = _values(np, rng, spec.name, roles.get(spec.name), spec.type or "float32", shape, rows)
         out.append(feed)
     return out
 
@@ -395,20 +400,21 @@ def _size(dim: Any, axis: int, declared: tuple[int | str, ...] | None) -> int:
     return 1 if axis == 0 else DYNAMIC_SIZE
 
 
-def _values(np: Any, rng: Any, name: str, dtype: str, shape: tuple[int, ...], rows: int | None) -> Any:
+def _values(np: Any, rng: Any, name: str, role: str | None, dtype: str, shape: tuple[int, ...],
+            rows: int | None) -> Any:
     lowered = name.lower()
     if dtype == "bool":
         return rng.random(shape) < 0.5
     if dtype.startswith(("int", "uint")):
-        if "mask" in lowered:
+        if role == "attention_mask" or (role is None and "mask" in lowered):
             return np.ones(shape, dtype)
-        if "type" in lowered or "segment" in lowered:
+        if role == "token_type_ids" or (role is None and ("type" in lowered or "segment" in lowered)):
             return np.zeros(shape, dtype)
         return rng.integers(0, rows or 2, shape).astype(dtype)
     if dtype in ("float16", "float32", "float64"):
         return rng.random(shape).astype(dtype)
-    raise UsageError(f"pack.optimize: input '{name}' is {dtype}, which inputs cannot be generated for: "
-                     "give inputs in pack.optimize.samples")
+    raise ValueError(f"input '{name}' is {dtype}, for which no input can be generated: give inputs in "
+                     "pack.optimize.samples")
 
 
 def _embedding_rows(model: ModelInfo) -> dict[str, int]:
@@ -438,13 +444,12 @@ def vocabulary_size(tokenizer_json: Path | None) -> int | None:
     return max((int(i) for i in ids if isinstance(i, int)), default=-1) + 1 or None
 
 
-def _samples_path(project: Project, given: str | None) -> Path | None:
+def samples_path(project: Project) -> Path | None:
+    """pack.optimize.samples, relative to gpux.yml (a contained build checks it is inside: load)."""
+    given = project.config.pack.optimize.samples
     if given is None:
         return None
     path = (project.config_path.parent / given).resolve()
-    folder = project.config_path.parent.resolve()
-    if project.config.pack.contained and not path.is_relative_to(folder):
-        raise project.error((*_MODEL, "samples"), f"resolves to {path}, outside the project folder {folder}")
     if not path.exists():
         raise project.error((*_MODEL, "samples"), f"no such file or folder: {given}")
     return path
@@ -478,10 +483,17 @@ def _read_samples(project: Project, path: Path, model: ModelInfo) -> list[dict[s
         raise project.error(where, f"the samples hold more than {MAX_SAMPLE_BYTES >> 20} MiB")
     wanted = {t.name: t for t in model.inputs if t.required}
     feeds = []
+    unpacked = 0
     for f in files:
         try:
+            with zipfile.ZipFile(f) as zf:  # what the arrays hold once unpacked, before any is
+                unpacked += sum(info.file_size for info in zf.infolist())
+            if unpacked > MAX_SAMPLE_BYTES:
+                raise project.error(where, f"{f.name}: the samples unpack to more than {MAX_SAMPLE_BYTES >> 20} MiB")
             with np.load(f, allow_pickle=False) as data:
                 arrays = {name: data[name] for name in data.files}
+        except ConfigError:
+            raise
         except Exception as e:
             raise project.error(where, f"{f.name}: not a readable .npz ({_first_line(e)})") from None
         missing = sorted(set(wanted) - set(arrays))

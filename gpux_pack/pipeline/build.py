@@ -26,7 +26,7 @@ from gpux_pack.image.maker import Maker, OncePerTag, choose, model_recipe, runti
 from gpux_pack.image.builder import BuiltImage
 from gpux_pack.image.sbom import CompiledCache
 from gpux_pack.install import install
-from gpux_pack.optimize import Optimized, optimize, summary_lines, vocabulary_size
+from gpux_pack.optimize import Optimized, optimize, samples_path, summary_lines, vocabulary_size
 from gpux_pack.plan import (Options, Plan, Resolve, RuntimeBase, assumed_base, check_model_for, choose_base,
                             image_tag, make_plan, notes, optimization, plan_runtime_base, weights_note)
 from gpux_pack.project.load import Project, load_project
@@ -100,6 +100,10 @@ def _contain(path: Path, project: Project, model_path: Path) -> None:
     if not model_path.is_relative_to(folder):
         raise project.error(("model", "source"), f"resolves to {model_path}, outside the project folder {folder} "
                                                  "(--contained builds read nothing outside it)")
+    samples = samples_path(project)
+    if samples is not None and not samples.is_relative_to(folder):
+        raise project.error(("pack", "optimize", "samples"), f"resolves to {samples}, outside the project folder "
+                                                             f"{folder} (--contained builds read nothing outside it)")
 
 
 def _shown(path: Path) -> str:

@@ -173,6 +173,20 @@ def test_samples_given_are_the_inputs_checked_and_a_wrong_one_is_named(tmp_path)
     np.savez(folder / "samples" / "3.npz", input_ids=rng.integers(0, 50, (1, 7)))
     with pytest.raises(ConfigError, match=r"pack.optimize.samples: 3.npz: no array for input 'attention_mask'"):
         optimized(load(folder), "cpu", Options(), quiet())
+    # an archive that unpacks past the bound is refused before any array is read
+    (folder / "samples" / "3.npz").unlink()
+    np.savez_compressed(folder / "samples" / "4.npz", input_ids=np.zeros((1, 40 << 20), np.int64),
+                        attention_mask=np.ones((1, 7), np.int64))
+    with pytest.raises(ConfigError, match=r"4.npz: the samples unpack to more than 256 MiB"):
+        optimized(load(folder), "cpu", Options(), quiet())
+
+
+def test_a_contained_build_reads_no_samples_outside_the_project(tmp_path):
+    outside = tmp_path / "elsewhere.npz"
+    np.savez(outside, input_ids=np.zeros((1, 3), np.int64), attention_mask=np.ones((1, 3), np.int64))
+    folder = project(tmp_path, {"optimize": {"steps": ["int8"], "samples": "../elsewhere.npz"}})
+    with pytest.raises(ConfigError, match=r"pack.optimize.samples: resolves to .*elsewhere.npz, outside the project"):
+        load(folder, contained=True)
 
 
 def test_fp16_that_cannot_be_checked_here_is_left_out_with_a_line_saying_why(tmp_path):
