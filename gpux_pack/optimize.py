@@ -150,8 +150,9 @@ def optimize(project: Project, model: ModelInfo, signature: Signature, decision:
     if not decision.steps:
         return None
     if len(model.files) > 1:
-        raise project.error(_MODEL, f"{model.files[0]} keeps its weights in external data files, which the "
-                                    "optimisation does not write yet; remove pack.optimize or inline the weights")
+        warn(f"optimize: {model.files[0]} keeps its weights in external data files, which the optimisation does not "
+             "write yet; the image keeps the model as given")
+        return None
     ort = _onnxruntime(project)
     given = samples_path(project)
     feeds_key = _file_digest(given) if given else f"generated-{GENERATED}-{SEED}-{DYNAMIC_SIZE}"

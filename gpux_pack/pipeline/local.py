@@ -109,11 +109,12 @@ def stage(path: Path, flag: str | None, folder: Path, ui: Reporter) -> Staged:
     model stays where it is."""
     loaded = build.load(path)
     row, reason, version = host_provider(loaded, flag)
+    done = build.optimized(loaded, row.name, Options(), ui)  # pack.optimize: the model the image would serve
     plan = build.plan_for(loaded, row.name, reason, Options(), None, Reporter(quiet=True), pull=False,  # no base: no news
-                          resolve=pinned(Pin(row.ort, version, frozenset())))
+                          resolve=pinned(Pin(row.ort, version, frozenset())), optimized=done)
     spec = plan.gpux_json
     # absolute: the runtime joins it to gpux.json's folder
-    spec = spec._replace(model=spec.model._replace(path=str(loaded.model.path)))
+    spec = spec._replace(model=spec.model._replace(path=str(plan.model.path)))
     text = loaded.signature.text
     if text is not None and spec.preprocessing and spec.preprocessing.text:
         # the tokenizer.json where it is (downloaded first when nothing here has it)

@@ -4,6 +4,7 @@ its tolerance. ONNX Runtime runs here, in process; no Docker."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -203,3 +204,14 @@ def test_fp16_that_cannot_be_checked_here_is_left_out_with_a_line_saying_why(tmp
         session = ort.InferenceSession(str(done.model.path))
         assert [i.type for i in session.get_inputs()] == ["tensor(int64)", "tensor(int64)"]
         assert session.get_outputs()[0].type == "tensor(float)"
+
+
+def test_serve_stages_the_model_the_image_would_serve(tmp_path):
+    from gpux_pack.pipeline import local
+
+    folder = project(tmp_path, {"optimize": "int8"})
+    staged = local.stage(folder, "cpu", tmp_path / "staged", quiet())
+    spec = json.loads((tmp_path / "staged" / "gpux.json").read_text())
+    assert Path(spec["model"]["path"]).parent.parent.name == "optimized"  # the cache's, not the project's
+    assert spec["model"]["sha256"] == staged.spec.model.sha256 != load(folder).model.sha256
+    assert folder / "model.onnx" in staged.watched  # a new model is optimised again
