@@ -20,7 +20,6 @@ from gpux_pack.errors import PackError, UsageError
 from gpux_pack.pipeline.build import Loaded, Made, build_each, check_tag, open_project
 from gpux_pack.pipeline import rebuild
 from gpux_pack.plan import Options
-from gpux_pack.registry import signatures
 from gpux_pack.ui import Reporter, built_line, escape
 from gpux_pack.wheels import ARCHES, lock_path
 
@@ -155,7 +154,7 @@ def build(path: Path, provider: str | None, tag: str | None, options: Options, p
     """One image per provider and platform (bases: each platform's --base-image, None for all);
     sign_key (with push): each pushed manifest signed in cosign's format."""
     started = time.perf_counter()
-    key = signatures.load_private_key(sign_key) if sign_key else None  # a bad key is refused before anything runs
+    key = _signing_key(sign_key)  # a bad key is refused before anything runs
     loaded, decision, client = open_project(path, provider, tag, engine.connect, ui, contained, strict)
     check_tag(tag, decision.providers)
     if (options.warmup or loaded.project.config.pack.warmup) != "never":  # a baked warmup wants the host's device
@@ -165,9 +164,20 @@ def build(path: Path, provider: str | None, tag: str | None, options: Options, p
     made, failures, indexes = build_each(loaded, decision, per_platform, client, ui, failed, no_cache,
                                                   refresh, push)
     for subject in [m.pushed.digest for m in made if m.pushed] + [i.digest for _, i in indexes] if key else ():
+        from gpux_pack.registry import signatures
+
         ui.info(f"signing {subject}")
         signatures.sign(client, *subject.split("@", 1), key)
     return Outcome(made, failures, indexes, time.perf_counter() - started, loaded, client)
+
+
+def _signing_key(path: Path | None) -> Any:
+    """--sign-key's key, read first; cryptography (10 ms of import) only for the builds that sign."""
+    if path is None:
+        return None
+    from gpux_pack.registry import signatures
+
+    return signatures.load_private_key(path)
 
 
 def write_sboms(outcome: Outcome, folder: Path) -> list[Path]:
