@@ -57,20 +57,29 @@ MODELS = {  # name -> (wheel, member, its inputs at its library's sizes; gpux.ym
                   "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                   lambda rng: {"x": rng.random((1, 3, 48, 320), dtype=np.float32)}),
 }
-MODES = ("none", "graph", "int8", "graph,int8")
+MODES = ("none", "graph", "int8", "graph,int8", "int8 static")  # the last: the project given calibration samples
+SAMPLES = 16  # inputs at the library's sizes, seeded: the static mode's calibration and check
 DTYPES = {np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
 
 
-def project(name: str, folder: Path) -> Path:
+def project(name: str, folder: Path, samples: bool = False) -> Path:
     """The model, and a gpux.yml declaring its inputs at its library's sizes: the build's check
-    generates its inputs at those sizes, the image's own bench runs them."""
+    generates its inputs at those sizes, the image's own bench runs them. samples: SAMPLES
+    inputs drawn as the benchmark's own (token ids in the vocabulary, byte values, pixels in
+    [0, 1)) in pack.optimize.samples, which makes int8 static, calibrated on them."""
     wheel, member, feed = MODELS[name]
     folder.mkdir(parents=True)
     with zipfile.ZipFile(real_models.wheel(wheel)) as zf:
         (folder / "model.onnx").write_bytes(zf.read(member))
     inputs = "".join(f"  {k}: {{type: {v.dtype}, shape: {list(v.shape)}}}\n"
                      for k, v in feed(np.random.default_rng(0)).items())
-    (folder / "gpux.yml").write_text(f"name: {name}\nversion: 1.0.0\nmodel:\n  source: ./model.onnx\ninputs:\n{inputs}")
+    pack = ""
+    if samples:
+        (folder / "samples").mkdir()
+        for i in range(SAMPLES):
+            np.savez(folder / "samples" / f"{i:02d}.npz", **feed(np.random.default_rng(100 + i)))
+        pack = "pack:\n  optimize: {samples: samples}\n"
+    (folder / "gpux.yml").write_text(f"name: {name}\nversion: 1.0.0\nmodel:\n  source: ./model.onnx\ninputs:\n{inputs}{pack}")
     return folder
 
 
@@ -195,12 +204,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for name in args.models.split(","):
                 folder = project(name, Path(tmp) / name)
+                calibrated = project(name, Path(tmp) / f"{name}-samples", samples=True)
                 data, header = body(MODELS[name][2](np.random.default_rng(0)))
                 images = {}
                 for mode in MODES:
-                    tag = f"gpux-optimize-bench/{name}:{mode.replace(',', '-')}"
+                    tag = f"gpux-optimize-bench/{name}:{mode.replace(',', '-').replace(' ', '-')}"
                     tags.append(tag)
-                    images[mode] = build(folder, tag, mode, args.base_image)
+                    images[mode] = build(calibrated if mode == "int8 static" else folder, tag, mode.split()[0],
+                                         args.base_image)
                 rounds: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
                 for i in range(args.rounds):
                     for mode in MODES if i % 2 == 0 else MODES[::-1]:

@@ -33,7 +33,7 @@ from gpux_pack.project.skeleton import read_skeleton
 from gpux_pack.providers import Provider
 from gpux_pack.staging import cache_dir, touch
 
-FORMAT = "1"  # of the entries under the cache's optimized/
+FORMAT = "2"  # of the entries under the cache's optimized/ (2: static falls back to per-tensor weights)
 # relative L2 errors (_error): graph's fusions reorder float arithmetic (1e-7 measured); int8
 # weights, per channel, moved a BERT encoder's hidden state by 0.07-0.11 (pooled embedding cosine
 # 0.994-0.998) where per-tensor weights moved it by 0.25 and a broken quantisation by 0.4 and more
@@ -236,7 +236,7 @@ def _run(project: Project, model: ModelInfo, decision: Decision, feeds: list[dic
     skipped: list[str] = []
     for step in decision.steps:
         made = out.with_name(f"{step.mode}-{out.name}")
-        why = _apply(step, current, made, feeds, ort)
+        how, why = _apply(step, current, made, feeds, ort)
         if why:
             skipped.append(f"optimize {step.mode}: {why}; left out")
             continue
@@ -248,11 +248,11 @@ def _run(project: Project, model: ModelInfo, decision: Decision, feeds: list[dic
             continue
         errors = [(name, max(_error(np, a[i], r[i]) for a, r in zip(answers, reference)))
                   for i, name in enumerate(o.name for o in model.outputs)]
-        measured.append({"mode": step.mode, "how": step.how, "errors": errors})
+        measured.append({"mode": step.mode, "how": how, "errors": errors})
         if current != original:
             current.unlink()
         current = made
-        log(f"optimize {step.mode} ({step.how}): largest error " +
+        log(f"optimize {step.mode} ({how}): largest error " +
             ", ".join(f"{name} {error:.3g}" for name, error in errors))
     if current == original:
         return {"measured": [], "skipped": skipped}
@@ -264,11 +264,12 @@ class _CannotRun(Exception):
     pass
 
 
-def _apply(step: Step, src: Path, dst: Path, feeds: list[dict[str, Any]], ort: Any) -> str | None:
-    """Write src with the step applied to dst; the reason in a few words when the tool refuses.
-    The quantiser logs advice through the root logger: not the build's output."""
+def _apply(step: Step, src: Path, dst: Path, feeds: list[dict[str, Any]], ort: Any) -> tuple[str, str | None]:
+    """Write src with the step applied to dst: how it was done, and the reason in a few words
+    when the tool refuses. The quantiser logs advice through the root logger: not the build's."""
     import logging
 
+    how = step.how
     logging.disable(logging.WARNING)
     try:
         if step.mode == "graph":
@@ -282,17 +283,7 @@ def _apply(step: Step, src: Path, dst: Path, feeds: list[dict[str, Any]], ort: A
             _offline(ort, src, standard, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
             try:
                 if step.how == "static":
-                    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-                    class Reader(CalibrationDataReader):
-                        def __init__(self) -> None:
-                            self.left = iter(feeds)
-
-                        def get_next(self) -> dict[str, Any] | None:
-                            return next(self.left, None)
-
-                    quantize_static(str(standard), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                                    per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
+                    how = _static(standard, dst, feeds)
                 else:
                     quantize_dynamic(str(standard), str(dst), weight_type=QuantType.QInt8, per_channel=True,
                                      op_types_to_quantize=list(DYNAMIC_OPS))
@@ -305,10 +296,38 @@ def _apply(step: Step, src: Path, dst: Path, feeds: list[dict[str, Any]], ort: A
             converted = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
             onnx.save(converted, str(dst))
     except Exception as e:  # the tools raise what they raise (ValueError, RuntimeError, Fail)
-        return f"ONNX Runtime's tool refused the model ({_first_line(e)})"
+        return how, f"ONNX Runtime's tool refused the model ({_first_line(e)})"
     finally:
         logging.disable(logging.NOTSET)
-    return None
+    return how, None
+
+
+def _static(src: Path, dst: Path, feeds: list[dict[str, Any]]) -> str:
+    """Static QDQ quantisation calibrated on the samples: weights per channel where the quantiser
+    can (it refused Magika's graph in ONNX Runtime 1.32: a per-channel bias scale check), else
+    per tensor; a graph below opset 13 is converted first (per-channel QDQ needs its axis)."""
+    import onnx
+    from onnx import version_converter
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter(feeds)
+
+        def get_next(self) -> dict[str, Any] | None:
+            return next(self.left, None)
+
+    model = onnx.load(str(src))
+    if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13) < 13:
+        onnx.save(version_converter.convert_version(model, 13), str(src))
+    try:
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
+        return "static"
+    except Exception:
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=False,
+                        weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
+        return "static per tensor"
 
 
 def _offline(ort: Any, src: Path, dst: Path, level: Any) -> None:

@@ -60,7 +60,8 @@ class ImageRow(_Model):
 
 class OptimizeStep(_Model):
     mode: str = Field(description="graph, int8 or fp16")
-    how: str = Field(description="graph: extended or basic; int8: dynamic or static; fp16: float16")
+    how: str = Field(description="graph: extended or basic; int8: dynamic, static, or static per tensor (where the "
+                     "quantiser refuses per-channel weights); fp16: float16")
     errors: dict[str, float] = Field(description="Per output: the relative L2 error against the original model's "
                                      "answer (the difference's root mean square over the answer's; non-float outputs: "
                                      "the share of elements that differ), the largest over the checked inputs, after "
