@@ -78,3 +78,28 @@ def test_a_result_past_its_tolerance_fails_the_build_in_one_line(tmp_path, tags,
     assert "gpux.yml:" in line and "pack.optimize: int8 moved output 'pooled' by " in line
     assert "over its tolerance 1e-09" in line and "Traceback" not in proc.stderr
     assert not [i for i in docker_client.images.list() if tag in i.tags]
+
+
+def test_static_int8_on_a_real_model_falls_back_to_per_tensor_weights_where_the_quantiser_refuses(tmp_path,
+                                                                                                   monkeypatch):
+    """Magika's graph (tf2onnx): ONNX Runtime 1.32's quantiser refuses per-channel weights on it (a
+    bias scale check); per-tensor weights calibrated on the samples given pass the check."""
+    import shutil
+
+    from gpux_pack.pipeline.build import load, optimized
+    from gpux_pack.plan import Options
+    from gpux_pack.ui import Reporter
+    from tests.real_models import MODELS, model_file
+
+    monkeypatch.setenv("GPUX_PACK_CACHE_DIR", str(tmp_path / "cache"))
+    magika = next(m for m in MODELS if m.name == "magika")
+    folder = tmp_path / "magika"
+    (folder / "samples").mkdir(parents=True)
+    shutil.copy(model_file(magika), folder / "model.onnx")
+    for i in range(8):
+        np.savez(folder / "samples" / f"{i}.npz", **magika.feeds(np.random.default_rng(i)))
+    (folder / "gpux.yml").write_text(magika.gpux_yml + "pack:\n  optimize: {steps: [int8], samples: samples}\n")
+    done = optimized(load(folder), "cpu", Options(), Reporter(quiet=True))
+    assert done is not None and [(s.mode, s.how) for s in done.steps] == [("int8", "static per tensor")]
+    assert done.model.size_bytes < 0.4 * done.original_bytes
+    assert 0 < done.errors[0][1] < 0.15 and done.samples == "samples"
