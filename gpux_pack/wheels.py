@@ -19,9 +19,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -668,9 +670,35 @@ compileall.compile_dir(site, quiet=2, workers=0, ddir=ddir,  # every CPU: the sa
 
 
 def _fresh_python(script: str, stdin: str) -> None:
-    proc = subprocess.run([sys.executable, "-I", "-c", script], input=stdin, capture_output=True, text=True)
+    """Run script in a Python of its own, in a process group of its own: compileall's worker
+    processes are its children, and an interrupted build kills them all before it removes the
+    folder they write into (killing the Python alone left them writing .pyc files into it)."""
+    proc = subprocess.Popen([sys.executable, "-I", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(stdin)
+    except BaseException:
+        _kill_group(proc)
+        raise
     if proc.returncode != 0:
-        raise WheelError(f"compiling byte-code failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+        raise WheelError(f"compiling byte-code failed: {(err.strip().splitlines() or ['?'])[-1][:300]}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL proc's process group, and wait until no process of it is left (at most 1 s: an
+    orphan that init has not reaped yet still answers, and writes nothing)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    proc.wait()
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)  # a worker not yet gone
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
 
 
 def _compile(site: Path) -> None:

@@ -128,3 +128,40 @@ def test_runtime_byte_code_does_not_depend_on_what_the_building_process_imported
     import json
 
     assert json.loads(bare) == [[n, hashlib.sha256(d).hexdigest()] for n, d in here]
+
+
+def test_an_interrupted_compile_leaves_none_of_its_processes_writing(tmp_path):
+    """compileall's workers are the compiling Python's children: an interrupted build kills them
+    too before it removes the folder they write into (test_concurrency's interrupted builds)."""
+    import os
+    import signal
+    import threading
+
+    from gpux_pack import wheels
+
+    pid_file = tmp_path / "worker.pid"
+    script = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+              "'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(60)', "
+              "sys.stdin.read()]).wait()")
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupted
+
+    def when_started():
+        while not (pid_file.is_file() and pid_file.read_text()):
+            threading.Event().wait(0.01)  # the worker has started: now interrupt the build
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    before = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        threading.Thread(target=when_started, daemon=True).start()
+        with pytest.raises(Interrupted):
+            wheels._fresh_python(script, str(pid_file))
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    worker = int(pid_file.read_text())
+    stat = tmp_path.joinpath("/proc", str(worker), "stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # gone, or a corpse
