@@ -197,8 +197,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--modes", default=",".join(m.replace(",", "+") for m in MODES),
+                        help="which modes, comma-separated ('graph+int8' for graph,int8)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    modes = tuple(m.replace("+", ",") for m in args.modes.split(","))
     client = docker.from_env()
     results: dict = {}
     tags: list[str] = []
@@ -209,17 +212,17 @@ def main() -> None:
                 calibrated = project(name, Path(tmp) / f"{name}-samples", samples=True)
                 data, header = body(MODELS[name][2](np.random.default_rng(0)))
                 images = {}
-                for mode in MODES:
+                for mode in modes:
                     tag = f"gpux-optimize-bench/{name}:{mode.replace(',', '-').replace(' ', '-')}"
                     tags.append(tag)
                     images[mode] = build(calibrated if mode == "int8 static" else folder, tag, mode.split()[0],
                                          args.base_image)
-                built = [mode for mode in MODES if "refused" not in images[mode]]
+                built = [mode for mode in modes if "refused" not in images[mode]]
                 rounds: dict[str, list[dict[str, float]]] = {mode: [] for mode in built}
                 for i in range(args.rounds):
                     for mode in built if i % 2 == 0 else built[::-1]:
                         rounds[mode].append(measure(client, images[mode]["tag"], name, data, header, args.requests))
-                results[name] = {mode: {"refused": images[mode]["refused"]} for mode in MODES if mode not in built}
+                results[name] = {mode: {"refused": images[mode]["refused"]} for mode in modes if mode not in built}
                 for mode in built:
                     rs, row = rounds[mode], images[mode]
                     opt = row.get("optimize") or {}

@@ -48,6 +48,27 @@ MAX_SAMPLE_BYTES = 256 << 20  # all given samples together
 # the CPUs measured (docs/benchmarks.md), and static quantisation (samples) covers it instead
 DYNAMIC_OPS = ("MatMul", "Gemm", "Attention", "LSTM", "GRU", "Gather", "EmbedLayerNormalization")
 _MODEL = ("pack", "optimize")
+# ONNX Runtime's graph transformers of the basic and extended levels, as its verbose log names
+# them at a CPU session's creation (1.32). `graph` ran them at build, to a fixed point: an image
+# whose last step was graph does not run them again at start (ONNX Runtime's disabled_optimizers;
+# PP-OCRv4's session 0.54x -> 0.44x the original's creation time, same answers bit for bit). The
+# layout level (NchwcTransformer, NhwcTransformer: blocked for the CPU that runs the image) and
+# the CPU provider's own transpose pass still run; a name another version lacks is ignored, a
+# pass it adds runs.
+OFFLINE_TRANSFORMERS = (
+    "CommonSubexpressionElimination", "ConstantFolding", "ConstantSharing", "DoubleQDQPairsRemover",
+    "EnsureUniqueDQForNodeUnit", "FreeDimensionOverrideTransformer", "GeluFusionL1", "LayerNormFusionL1",
+    "Level1_RuleBasedTransformer", "MatMulAddFusion", "QDQPropagationTransformer", "ReshapeFusion",
+    "SliceConcatToSpaceToDepthFusion", "TransposeOptimizer", "WeightBiasQuantization", "WhereDummyDq",
+    "AttentionFusion", "BiasDropoutFusion", "BiasGeluFusion", "BiasSkipLayerNormFusion", "BiasSoftmaxFusion",
+    "ConvActivationFusion", "DynamicQuantizeMatMulFusion", "EmbedLayerNormFusion", "FastGeluFusion",
+    "GatherSliceToSplitFusion", "GatherToSliceFusion", "GeluFusionL2", "GemmActivationFusion",
+    "GroupQueryAttentionFusion", "GroupQueryAttentionPreNormFusion", "LayerNormFusionL2",
+    "Level2_RuleBasedTransformer", "MatMulActivationFusion", "MatMulIntegerToFloatFusion", "MatMulNBitsFusion",
+    "MatMulScaleFusion", "MatmulTransposeFusion", "QDQFinalCleanupTransformer", "QDQS8ToU8Transformer",
+    "QDQSelectorActionTransformer", "QuickGeluFusion", "SimplifiedLayerNormFusion", "SkipLayerNormFusion",
+    "SwiGluFusion",
+)
 
 
 @dataclass(frozen=True)
@@ -130,6 +151,15 @@ def decide(steps: tuple[str, ...], provider: Provider, samples: bool) -> Decisio
             skipped.append(f"optimize graph: {provider.name}'s own fusions need its device; the basic optimisations "
                            "(constant folding, redundant nodes) are saved, the rest happen at start")
     return Decision(tuple(out), tuple(skipped))
+
+
+def done_at_build(optimized: Optimized | None, image_onnxruntime: str) -> tuple[str, ...]:
+    """The graph transformers the image's session need not run at start: those `graph` ran at
+    build to the extended level (a cpu image's) as the model's last step, by the onnxruntime the
+    image runs (another version may have other passes, or fuse differently)."""
+    if optimized is None or not optimized.measured or optimized.onnxruntime != image_onnxruntime:
+        return ()
+    return OFFLINE_TRANSFORMERS if optimized.measured[-1].step == Step("graph", "extended") else ()
 
 
 def describe(decision: Decision) -> str:

@@ -25,7 +25,7 @@ from gpux_pack import __version__, sources
 from gpux_pack.errors import ModelError, UsageError
 from gpux_pack.project.config import TensorSpec, model_name, tag_template_parts
 from gpux_pack.project.load import Project
-from gpux_pack.optimize import Decision, Optimized, decide
+from gpux_pack.optimize import Decision, Optimized, decide, done_at_build
 from gpux_pack.project.model import ModelInfo, Signature
 from gpux_pack.project.preprocess import TOKENIZER_FILE
 from gpux_pack.providers import (CPU_EPS, EP_NAMES, MEMORY_OPTION, BaseImage, Devices, HostInfo, Provider, base_for,
@@ -690,7 +690,8 @@ def gpux_json(plan: Plan) -> contract.GpuxJson:
             path=f"model/{model.files[0]}", file=model.files[0], files=tuple(plan.model_files),
             weights_moved=plan.externalize, sha256=model.sha256, size_bytes=model.size_bytes, opset=model.opset,
             nodes=model.nodes,
-            working_memory=tuple(contract.WorkingMemory(tuple(dims), n) for dims, n in model.working_memory)),
+            working_memory=tuple(contract.WorkingMemory(tuple(dims), n) for dims, n in model.working_memory),
+            transformers_done=done_at_build(plan.optimized, plan.ort_version)),
         inputs=tuple(served(t, signature) for t in signature.inputs),
         overridable_inputs=tuple(served(t) for t in signature.overridable),
         outputs=tuple(served(t) for t in signature.outputs),

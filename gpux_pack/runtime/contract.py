@@ -253,6 +253,9 @@ class ModelFiles(NamedTuple):
     opset: int
     nodes: int  # in the main graph: the partition report's total
     working_memory: tuple[WorkingMemory, ...] = ()
+    # ONNX Runtime's graph transformers the build ran on this model (pack.optimize's graph, by this
+    # image's onnxruntime): its sessions are created without them
+    transformers_done: tuple[str, ...] = ()
 
 
 class Feed(NamedTuple):

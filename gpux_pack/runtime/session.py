@@ -109,6 +109,7 @@ class Model:
         )
         for line in cache.warnings:
             log.warning("%s", line)
+        done = spec.model.transformers_done  # run at build: not again (pack.optimize's graph)
         user_profiling = spec.runtime.enable_profiling
         # which provider runs which nodes: no question when the CPU provider is the only one asked
         # for (its partition is every node), so no profile to write and parse at start
@@ -130,7 +131,7 @@ class Model:
         try:
             try:
                 path, chosen = _compiled(cache, original, usable, plugin, compiles, compile_options())
-                session = plugin.session(path, options(), chosen)
+                session = plugin.session(path, options(), chosen, done)
             except Exception as e:  # a provider that cannot use a verified cache (e.g. writes into it): compile anew
                 if cache.source not in ("baked", "volume"):
                     raise
@@ -138,15 +139,19 @@ class Model:
                             cache.source, cache.folder, last_line(e))
                 cache = replace(caches.fresh(cache.parts, settings.cache_dir), refused=cache.source)
                 path, chosen = _compiled(cache, original, usable, plugin, compiles, compile_options())
-                session = plugin.session(path, options(), chosen)
+                session = plugin.session(path, options(), chosen, done)
         except Exception as e:  # an accelerator that cannot start: CPU, unless required
             if settings.require_provider or requested == ["CPUExecutionProvider"]:
                 raise StartupError(f"cannot start {requested[0]}: {str(e).splitlines()[0]}") from None
             log.warning("cannot start %s (%s); serving on CPU", requested[0], str(e).splitlines()[0])
             path = original
-            session = ort.InferenceSession(str(path), options(), providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(str(path), options(), providers=["CPUExecutionProvider"],
+                                           disabled_optimizers=list(done) or None)
         load_seconds = time.perf_counter() - started
         active = list(session.get_providers())
+        if done:
+            log.info("session made in %.3fs without the %d graph passes the build ran (pack.optimize graph)",
+                     load_seconds, len(done))
         primary = requested[0]
         if primary not in active:
             reason = plugin.refusal or ("not in this onnxruntime build" if primary not in available
@@ -359,14 +364,17 @@ class Plugin:
             out["load_config"] = json.dumps(config, sort_keys=True)
         return out
 
-    def session(self, path: Path, opts: Any, usable: list[tuple[str, dict[str, Any]]]) -> Any:
+    def session(self, path: Path, opts: Any, usable: list[tuple[str, dict[str, Any]]],
+                done: tuple[str, ...] = ()) -> Any:
+        """done: graph transformers the build ran on the model, which this session skips."""
         import onnxruntime as ort
 
+        skip = list(done) or None
         if self.devices and usable and usable[0][0] == self.ep:
             opts.add_provider_for_devices(self.devices, self.options(usable[0][1]))
-            return ort.InferenceSession(str(path), opts)
+            return ort.InferenceSession(str(path), opts, disabled_optimizers=skip)
         return ort.InferenceSession(str(path), opts, providers=[n for n, _ in usable],
-                                    provider_options=[o for _, o in usable])
+                                    provider_options=[o for _, o in usable], disabled_optimizers=skip)
 
     def compile(self, source: Path, target: Path, opts: Any, usable: list[tuple[str, dict[str, Any]]]) -> None:
         """ONNX Runtime's compile API: an EP context model (target, plus the compiled blob beside

@@ -138,7 +138,8 @@ def tune_threads(model: Any) -> dict[str, Any]:
     every = model.session
     try:
         model.session = ort.InferenceSession(str(model.path), session_options(settings, 1),
-                                            providers=["CPUExecutionProvider"])
+                                            providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=list(model.spec.model.transformers_done) or None)
         model.run(feeds)  # warm: its first run allocates
     except Exception as e:
         model.session = every

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+from gpux_pack import optimize
 from tests.conftest import BASE_IMAGE, build_image, run_cli, serve
 from tests.unit.test_optimize import encoder
 
@@ -67,6 +68,9 @@ def test_an_optimised_image_serves_answers_within_the_measured_error(tmp_path, t
             got = np.asarray(r.json()["pooled"], np.float64)
             assert got.shape == reference.shape
             assert np.linalg.norm(got - reference) / np.linalg.norm(reference) <= 0.15  # what the build allowed
+        # graph ran ONNX Runtime's basic and extended passes at build: the session does not again
+        logs = served.container.get_wrapped_container().logs().decode()
+        assert f"without the {len(optimize.OFFLINE_TRANSFORMERS)} graph passes the build ran" in logs, logs
 
 
 def test_a_result_past_its_tolerance_fails_the_build_in_one_line(tmp_path, tags, docker_client):

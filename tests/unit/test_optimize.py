@@ -124,6 +124,40 @@ def test_int8_and_graph_make_a_smaller_model_checked_against_the_original(tmp_pa
     assert plan.labels["io.gpux.optimize.errors"] == label_value(f'{{"pooled":{error!r}}}')
 
 
+def test_the_image_skips_at_start_the_graph_passes_the_build_ran(tmp_path):
+    """graph ran ONNX Runtime's basic and extended passes at build: gpux.json names them and the
+    image's sessions are made without them (by the same onnxruntime only), with the same answers;
+    the names are those ORT itself logs, and none of them runs once disabled."""
+    import subprocess
+    import sys
+
+    loaded = load(project(tmp_path, {"optimize": ["graph", "int8"]}))
+    done = optimized(loaded, "cpu", Options(), quiet())
+    plan = plan_for(loaded, "cpu", "test", Options(), None, quiet(), pull=False, optimized=done)
+    assert plan.gpux_json.model.transformers_done == optimize.done_at_build(done, plan.ort_version)
+    assert optimize.done_at_build(done, done.onnxruntime) == optimize.OFFLINE_TRANSFORMERS
+    assert optimize.done_at_build(done, "0.0.1") == ()  # another onnxruntime may pass or fuse otherwise
+    int8_only = optimized(load(project(tmp_path, {"optimize": "int8"})), "cpu", Options(), quiet())
+    assert optimize.done_at_build(int8_only, int8_only.onnxruntime) == ()  # its fusions are the session's to do
+    assert optimize.done_at_build(None, done.onnxruntime) == ()
+
+    feeds = optimize.generated(loaded.model, loaded.signature, None)[0]
+    every = ort.InferenceSession(str(done.model.path), providers=["CPUExecutionProvider"])
+    skipping = ort.InferenceSession(str(done.model.path), providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=list(optimize.OFFLINE_TRANSFORMERS))
+    assert np.array_equal(every.run(None, feeds)[0], skipping.run(None, feeds)[0])
+    code = ("import sys, onnxruntime as ort\no = ort.SessionOptions(); o.log_severity_level = 0\n"
+            "ort.InferenceSession(sys.argv[1], o, providers=['CPUExecutionProvider'], "
+            "disabled_optimizers=sys.argv[2:] or None)")
+    ran = subprocess.run([sys.executable, "-c", code, str(done.model.path)], capture_output=True, text=True).stderr
+    assert {n for n in optimize.OFFLINE_TRANSFORMERS if f"graph transformer {n} on step" not in ran} == set()
+    assert "graph transformer NchwcTransformer on step" in ran
+    skipped = subprocess.run([sys.executable, "-c", code, str(done.model.path), *optimize.OFFLINE_TRANSFORMERS],
+                             capture_output=True, text=True).stderr
+    assert [n for n in optimize.OFFLINE_TRANSFORMERS if f"graph transformer {n} on step" in skipped] == []
+    assert "graph transformer NchwcTransformer on step" in skipped  # the layout level, for this CPU, still runs
+
+
 def test_a_rebuild_of_the_same_model_optimises_nothing_again(tmp_path):
     loaded = load(project(tmp_path, {"optimize": "int8"}))
     said: list[str] = []
