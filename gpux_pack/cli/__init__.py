@@ -29,6 +29,7 @@ from gpux_pack.cli.flags import (BaseOpt, ContainedOpt, JsonOpt, OptimizeOpt, Pa
                                  PullOpt, QuietOpt, RefreshOpt, StrictOpt, WarmupOpt)
 from gpux_pack.cli.maintenance import base_app, cache_app
 from gpux_pack.errors import PackError
+from gpux_pack.project import prechecks
 from gpux_pack.ui import Reporter, printable
 
 app = typer.Typer(
@@ -495,8 +496,11 @@ def main(argv: list[str] | None = None) -> None:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _stop)
     try:
-        if replayed(sys.argv[1:] if argv is None else argv):
+        args = sys.argv[1:] if argv is None else argv
+        if replayed(args):
             return
+        if argv is None and args[:1] == ["build"]:  # a CLI process of its own: its model checks get onnx
+            prechecks.start()  # imported in a second process meanwhile (killed at its exit)
         code = app(args=argv, standalone_mode=False, prog_name="gpux-pack")
         if _STOPPED and code == 130:  # typer's answer to the interrupt: say which
             raise KeyboardInterrupt

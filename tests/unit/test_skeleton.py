@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from gpux_pack.errors import ModelError
-from gpux_pack.project.model import inspect_model, working_memory
+from gpux_pack.project.graph import working_memory
+from gpux_pack.project.model import inspect_model
 from gpux_pack.project.skeleton import (ALIGN, FileBytes, FileChanged, WireError, copy_ranges, external_form, fields,
                                         read_skeleton, tensor_at)
 
