@@ -4,6 +4,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 
 import docker
@@ -66,6 +67,30 @@ def test_model_change_rebuilds_only_the_model_layers(tmp_path, docker_client, ta
     with serve(first["tag"]) as server:
         old = server.post("/predict", json={"features": [[0, 0, 0, 0]]}).json()["logits"][0]
     np.testing.assert_allclose(np.array(out) - np.array(old), [1.0, 1.0, 1.0], atol=1e-5)
+
+
+def test_a_new_graph_is_checked_by_a_second_process_and_the_build_never_imports_onnx(tmp_path, tags):
+    """`gpux-pack build` of a model whose checks are not cached: the checks run in the process it
+    starts once the replay declines (prechecks.py), so its own imports (-X importtime, which the
+    second process does not inherit on stderr) hold no onnx; the image is built all the same."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the second process runs only with a second CPU")
+    project = copy_example("mlp", tmp_path)
+    model = onnx.load(str(project / "model.onnx"))
+    named = f"through_{os.getpid()}_{tmp_path.name}"  # a graph no earlier build checked
+    first = model.graph.node[0]
+    model.graph.node.insert(0, onnx.helper.make_node("Identity", [first.input[0]], [named]))
+    first.input[0] = named
+    onnx.save(model, str(project / "model.onnx"))
+    tag = tags("iris-mlp:prechecked")
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpux_pack", "build", str(project),
+                           "--base-image", BASE_IMAGE, "--tag", tag, "--json", "-q"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "gpux_pack.pipeline.build" in imported  # the build's own imports are what was read
+    assert "onnx" not in imported
+    assert json.loads(proc.stdout)["images"][0]["tag"] == tag
 
 
 def test_render_then_plain_build_gives_the_same_image(tmp_path, docker_client, tags):
