@@ -1,5 +1,6 @@
-"""The ONNX model: read its signature with `onnx`, check it, and reconcile gpux.yml's
-inputs/outputs with it. Everything here runs before Docker is touched."""
+"""The ONNX model: its signature and checks (graph.py does them; kept in the cache by what they
+read, or found by a build's second process, prechecks.py), and gpux.yml's inputs/outputs
+reconciled with it. Everything here runs before Docker is touched."""
 
 from __future__ import annotations
 
