@@ -98,3 +98,13 @@ def test_a_refused_model_is_refused_with_the_build_s_own_words(tmp_path):
     assert answer["error"].startswith("model.onnx: fails the ONNX checker")
     assert answer["onnx_imported_here"] is False
     assert answer["children_left"] == []
+
+
+def test_where_the_os_has_no_affinity_call_the_machine_s_cpus_decide(monkeypatch):
+    """macOS has no sched_getaffinity: the build must not fail on it; one CPU starts no worker."""
+    from gpux_pack.project import prechecks
+
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    prechecks.start()
+    assert prechecks.answer(Path("model.onnx"), "any") is None  # no worker was started to answer
